@@ -1,0 +1,32 @@
+"""Read an engine's load from its vLLM ``/metrics`` text."""
+
+from __future__ import annotations
+
+from contracts.workers import WorkerLoad
+
+_GAUGES = {
+    "vllm:num_requests_running": "num_requests_running",
+    "vllm:num_requests_waiting": "num_requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
+}
+
+
+def parse_load(metrics_text: str) -> WorkerLoad:
+    """Sum vLLM's load gauges over engines (data-parallel ranks show as labels).
+
+    A line scan, not a full Prometheus parse: vLLM's exposition is hundreds of
+    lines and this runs every heartbeat.
+    """
+    values = dict.fromkeys(_GAUGES.values(), 0.0)
+    for line in metrics_text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name, _, rest = line.partition("{")
+        field = _GAUGES.get(name)
+        if field is None:
+            continue
+        try:
+            values[field] += float(rest.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+    return WorkerLoad(**values)

@@ -1,0 +1,103 @@
+"""The description of one vLLM server, and the argv/env that start it.
+
+On CPU, vLLM reads its KV size and core binding from the environment
+(``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``); on CUDA the same
+knobs are ``--gpu-memory-utilization`` and ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvtransfer.transport import NixlTransport
+
+Device = Literal["cpu", "cuda"]
+
+
+def detect_device() -> Device:
+    """CUDA when an NVIDIA driver is present, else the vLLM CPU build."""
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSpec:
+    model_path: str
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int
+    device: Device = "cpu"
+    # CPU: an OMP bind list like "0" or "0-1". CUDA: CUDA_VISIBLE_DEVICES.
+    cores: str | None = None
+    kv_cache_gib: int = 1  # vLLM's CPU build reads whole GiB only
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    block_size: int | None = None
+    # Compilation made startup 2-3x slower on CPU for ~10% speed, and its cache
+    # did not survive restarts; eager is the sane default there.
+    enforce_eager: bool | None = None
+    kv_events_endpoint: str | None = None
+    transport: NixlTransport | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"engine port {self.port} is not a port")
+        if self.kv_cache_gib < 1:
+            raise ValueError("kv_cache_gib must be at least 1")
+        if self.block_size is not None and self.device == "cpu" and self.block_size % 32:
+            raise ValueError("on CPU, vLLM's block_size must be a multiple of 32")
+
+    def argv(self) -> list[str]:
+        # `python -m ...api_server` works with the `vllm-cpu` distribution, whose
+        # `vllm` CLI fails its own version lookup (see shared notes).
+        args = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_path,
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--disable-uvicorn-access-log",
+        ]
+        eager = self.enforce_eager if self.enforce_eager is not None else self.device == "cpu"
+        if eager:
+            args.append("--enforce-eager")
+        if self.device == "cuda":
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.max_model_len:
+            args += ["--max-model-len", str(self.max_model_len)]
+        if self.block_size:
+            args += ["--block-size", str(self.block_size)]
+        if self.transport:
+            args += ["--kv-transfer-config", self.transport.kv_transfer_config()]
+        if self.kv_events_endpoint:
+            args += [
+                "--kv-events-config",
+                '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"'
+                + self.kv_events_endpoint
+                + '"}',
+            ]
+        return [*args, *self.extra_args]
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        env = dict(base)
+        env["HF_HUB_OFFLINE"] = "1"
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.device == "cpu":
+            env["VLLM_TARGET_DEVICE"] = "cpu"
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            if self.cores:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
+        elif self.cores:
+            env["CUDA_VISIBLE_DEVICES"] = self.cores
+        if self.transport:
+            env.update(self.transport.env())
+        return env

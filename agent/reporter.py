@@ -1,0 +1,106 @@
+"""Register with the router and heartbeat load, over its admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from agent.engine_load import parse_load
+from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration
+
+log = logging.getLogger("pdserve.agent")
+
+
+class RouterReporter:
+    """Keeps the router's view of one worker current.
+
+    The router is the source of truth for routing, so every state change is
+    pushed at once; the periodic heartbeat only refreshes load and liveness.
+    A 404 on heartbeat means the router restarted and forgot us: re-register.
+    """
+
+    def __init__(
+        self,
+        *,
+        router_url: str,
+        admin_token: str,
+        registration: WorkerRegistration,
+        engine_url: str,
+        interval_s: float = 2.0,
+        timeout_s: float = 3.0,
+    ) -> None:
+        self._router_url = router_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {admin_token}"}
+        self.registration = registration
+        self._engine_url = engine_url
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.ready = False
+        self.draining = False
+
+    async def __aenter__(self) -> RouterReporter:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session:
+            await self._session.close()
+
+    async def set_ready(self, ready: bool, *, engine_pid: int | None, incarnation: int) -> None:
+        self.ready = ready
+        self.registration = self.registration.model_copy(
+            update={"engine_pid": engine_pid, "incarnation": incarnation}
+        )
+        if ready:
+            await self._post("/admin/workers/register", self.registration.model_dump(mode="json"))
+        await self.beat()
+
+    async def set_draining(self) -> None:
+        self.draining = True
+        await self.beat()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.beat()
+
+    async def beat(self) -> None:
+        load = await self._scrape_load() if self.ready else WorkerLoad()
+        heartbeat = WorkerHeartbeat(
+            worker_id=self.registration.worker_id,
+            ready=self.ready and not self.draining,
+            draining=self.draining,
+            incarnation=self.registration.incarnation,
+            load=load,
+        )
+        status = await self._post("/admin/workers/heartbeat", heartbeat.model_dump(mode="json"))
+        if status == 404 and self.ready and not self.draining:
+            await self._post("/admin/workers/register", self.registration.model_dump(mode="json"))
+
+    async def _scrape_load(self) -> WorkerLoad:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self._engine_url}/metrics") as response:
+                return parse_load(await response.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return WorkerLoad()
+
+    async def _post(self, path: str, payload: dict) -> int | None:
+        assert self._session is not None
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with self._session.post(
+                self._router_url + path, json=payload, headers=self._headers
+            ) as response:
+                if response.status >= 400 and response.status != 404:
+                    log.warning("router %s answered %d", path, response.status)
+                return response.status
+        log.warning("router unreachable at %s", self._router_url)
+        return None
+
+    async def engine_idle(self) -> bool:
+        load = await self._scrape_load()
+        return load.num_requests_running + load.num_requests_waiting == 0

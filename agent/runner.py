@@ -1,0 +1,154 @@
+"""The agent's lifecycle: supervise the engine, report to the router, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from agent.engine_spec import EngineSpec, detect_device
+from agent.reporter import RouterReporter
+from agent.supervisor import EngineSupervisor, SupervisorPolicy
+from contracts.workers import WorkerRegistration, WorkerRole
+from kvtransfer.transport import KVRole, NixlTransport
+
+log = logging.getLogger("pdserve.agent")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every worker role shares."""
+    parser.add_argument("--model", required=True, help="model folder to serve")
+    parser.add_argument("--served-model-name", required=True, help="model name clients use")
+    parser.add_argument("--host", default="127.0.0.1", help="engine bind address")
+    parser.add_argument("--port", type=int, required=True, help="engine HTTP port")
+    parser.add_argument("--router-url", required=True, help="router base URL to register with")
+    parser.add_argument("--worker-id", default=None, help="default: ROLE-HOST-PORT")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--cores", default=None, help='CPU cores to bind ("0", "0-1") or GPUs')
+    parser.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache size")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ endpoint for KV events")
+    parser.add_argument("--log-file", default=None, help="engine log (default: next to cwd)")
+    parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0)
+    parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then extra vLLM args")
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--side-channel-port", type=int, required=True, help="NIXL side channel")
+    parser.add_argument("--kv-lease-s", type=int, default=30, help="producer block lease")
+    parser.add_argument("--ucx-net-devices", default="lo", help='UCX devices ("" for all)')
+
+
+def base_spec_fields(args: argparse.Namespace) -> dict:
+    extra = [a for a in args.engine_args if a != "--"]
+    return {
+        "model_path": args.model,
+        "served_model_name": args.served_model_name,
+        "host": args.host,
+        "port": args.port,
+        "device": detect_device() if args.device == "auto" else args.device,
+        "cores": args.cores,
+        "kv_cache_gib": args.kv_cache_gib,
+        "max_model_len": args.max_model_len,
+        "block_size": args.block_size,
+        "kv_events_endpoint": args.kv_events_endpoint,
+        "extra_args": tuple(extra),
+    }
+
+
+def nixl_spec(args: argparse.Namespace, kv_role: KVRole) -> EngineSpec:
+    """The engine for a P/D role: NixlConnector with the side channel on the engine's host."""
+    fields = base_spec_fields(args)
+    transport = NixlTransport(
+        role=kv_role,
+        buffer_device="cuda" if fields["device"] == "cuda" else "cpu",
+        side_channel_host=args.host,
+        side_channel_port=args.side_channel_port,
+        ucx_net_devices=args.ucx_net_devices or None,
+        kv_lease_s=args.kv_lease_s,
+    )
+    return EngineSpec(**fields, transport=transport)
+
+
+def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> int:
+    token = os.environ.get("PDSERVE_ADMIN_TOKEN", "")
+    if not token:
+        raise SystemExit("PDSERVE_ADMIN_TOKEN must be set: agents authenticate to the router")
+    logging.basicConfig(
+        level=os.environ.get("PDSERVE_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s {role.value} %(message)s",
+    )
+    worker_id = args.worker_id or f"{role.value}-{spec.host}-{spec.port}"
+    registration = WorkerRegistration(
+        worker_id=worker_id,
+        role=role,
+        model=spec.served_model_name,
+        engine_url=f"http://{spec.host}:{spec.port}",
+        kv_events_endpoint=spec.kv_events_endpoint,
+    )
+    log_path = Path(args.log_file or f"{worker_id}.engine.log")
+    asyncio.run(_main(spec, registration, args, token, log_path))
+    return 0
+
+
+async def _main(
+    spec: EngineSpec,
+    registration: WorkerRegistration,
+    args: argparse.Namespace,
+    token: str,
+    log_path: Path,
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async with RouterReporter(
+        router_url=args.router_url,
+        admin_token=token,
+        registration=registration,
+        engine_url=registration.engine_url,
+        interval_s=args.heartbeat_interval_s,
+    ) as reporter:
+        supervisor: EngineSupervisor
+
+        async def on_state(ready: bool) -> None:
+            await reporter.set_ready(
+                ready, engine_pid=supervisor.pid, incarnation=supervisor.incarnation
+            )
+
+        supervisor = EngineSupervisor(
+            spec=spec,
+            log_path=log_path,
+            on_state=on_state,
+            policy=SupervisorPolicy(ready_timeout_s=args.ready_timeout_s),
+        )
+        tasks = [asyncio.create_task(supervisor.run()), asyncio.create_task(reporter.run())]
+        await stop.wait()
+        log.info("SIGTERM: draining %s", registration.worker_id)
+        await reporter.set_draining()
+        await _drain(reporter, args.drain_timeout_s)
+        await supervisor.stop()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await reporter.beat()
+
+
+async def _drain(reporter: RouterReporter, timeout_s: float) -> None:
+    """Wait for in-flight requests to finish, up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while reporter.ready and time.monotonic() < deadline:
+        if await reporter.engine_idle():
+            return
+        await asyncio.sleep(0.5)

@@ -1,0 +1,1 @@
+"""The ``pdserve`` command line."""

@@ -1,0 +1,38 @@
+"""``pdserve``: one console script, one subcommand per process kind."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from agent import colocated
+    from cli import launcher, model_prep
+    from decode import agent as decode_agent
+    from prefill import agent as prefill_agent
+    from router import server
+
+    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, module, summary in (
+        ("up", launcher, "start a local cluster: router + prefill + decode workers"),
+        ("router", server, "run the router (OpenAI API + admin)"),
+        ("prefill", prefill_agent, "run a prefill agent supervising one vLLM (kv_producer)"),
+        ("decode", decode_agent, "run a decode agent supervising one vLLM (kv_consumer)"),
+        ("colocated", colocated, "run a colocated agent: one plain vLLM, no P/D"),
+        ("model", model_prep, "prepare a model into ~/.cache/pdserve"),
+    ):
+        sub = commands.add_parser(name, help=summary, description=summary)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

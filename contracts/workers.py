@@ -1,0 +1,65 @@
+"""Worker registration and heartbeat records exchanged between agents and the router.
+
+Invariant: a worker is eligible for traffic only while its latest heartbeat says
+``ready`` and arrived within the router's heartbeat timeout. An agent says ready
+only after its vLLM server has loaded weights and answered ``/health``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import NewType
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WIRE_VERSION = 1
+
+WorkerId = NewType("WorkerId", str)
+
+
+class WorkerRole(str, Enum):
+    """What a worker does in the request path."""
+
+    PREFILL = "prefill"  # vLLM kv_producer: computes prompt KV, hands it off
+    DECODE = "decode"  # vLLM kv_consumer: pulls KV, streams tokens
+    COLOCATED = "colocated"  # plain vLLM: prefill and decode in one engine
+
+
+class WorkerLoad(BaseModel):
+    """Load as scraped from the worker's vLLM /metrics (vLLM's own names)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    num_requests_running: float = 0.0
+    num_requests_waiting: float = 0.0
+    kv_cache_usage_perc: float = 0.0
+
+
+class WorkerRegistration(BaseModel):
+    """Sent by an agent when its engine becomes ready, and again after a restart."""
+
+    model_config = ConfigDict(frozen=True)
+
+    wire_version: int = WIRE_VERSION
+    worker_id: str = Field(min_length=1, max_length=200)
+    role: WorkerRole
+    model: str = Field(min_length=1, max_length=200, description="served model name")
+    engine_url: str = Field(min_length=1, max_length=500, description="vLLM base URL")
+    kv_events_endpoint: str | None = Field(default=None, max_length=500)
+    engine_pid: int | None = None
+    # Bumped by the agent on each engine (re)start so the router can tell a restart
+    # from a heartbeat and drop per-incarnation state.
+    incarnation: int = 0
+
+
+class WorkerHeartbeat(BaseModel):
+    """Periodic liveness and load report from an agent."""
+
+    model_config = ConfigDict(frozen=True)
+
+    wire_version: int = WIRE_VERSION
+    worker_id: str = Field(min_length=1, max_length=200)
+    ready: bool
+    draining: bool = False
+    incarnation: int = 0
+    load: WorkerLoad = WorkerLoad()

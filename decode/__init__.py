@@ -1,0 +1,1 @@
+"""The decode worker agent: one vLLM as NixlConnector ``kv_consumer``."""

@@ -1,0 +1,1 @@
+"""The KV handoff contract between prefill and decode, and the NIXL transport config."""

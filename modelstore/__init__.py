@@ -1,0 +1,1 @@
+"""Model preparation: build or convert models into the local cache, offline."""

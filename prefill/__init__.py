@@ -1,0 +1,1 @@
+"""The prefill worker agent: one vLLM as NixlConnector ``kv_producer``."""

@@ -1,0 +1,1 @@
+"""The front door: OpenAI-compatible API, worker registry, P/D orchestration."""

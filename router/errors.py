@@ -1,0 +1,122 @@
+"""One error hierarchy for the router, rendered as OpenAI's error body in one place."""
+
+from __future__ import annotations
+
+import json
+
+from contracts.errors import ErrorBody, ErrorDetail
+
+
+class APIError(Exception):
+    """An error the client sees. Subclasses fix the status and OpenAI ``type``."""
+
+    status = 500
+    type = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(
+            error=ErrorDetail(
+                message=self.message, type=self.type, param=self.param, code=self.code
+            )
+        )
+
+    def json_bytes(self) -> bytes:
+        return self.body().model_dump_json().encode()
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(APIError):
+    status = 403
+    type = "permission_error"
+
+
+class ModelNotFound(APIError):
+    status = 404
+    type = "not_found_error"
+
+
+class RequestTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class ClientDisconnected(APIError):
+    """The client left before the answer (nginx's 499); only metrics see it."""
+
+    status = 499
+    type = "client_disconnected"
+
+
+class Overloaded(APIError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class UpstreamFailed(APIError):
+    """A worker failed and no retry was possible."""
+
+    status = 502
+    type = "upstream_error"
+
+
+class NoCapacity(APIError):
+    status = 503
+    type = "service_unavailable"
+
+
+class UpstreamTimeout(APIError):
+    status = 504
+    type = "timeout_error"
+
+
+class UpstreamRejected(APIError):
+    """The engine refused the request itself (e.g. prompt too long): pass it on as is."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.raw = body
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:500].decode(errors="replace") or f"engine answered {status}"
+        super().__init__(message, code=str(status))
+
+    def json_bytes(self) -> bytes:
+        try:
+            parsed = json.loads(self.raw)
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                return self.raw
+        except ValueError:
+            pass
+        return super().json_bytes()
+
+
+def sse_error_event(error: APIError) -> bytes:
+    """The event sent when a stream fails after its first byte; the stream then closes."""
+    return b"event: error\ndata: " + error.json_bytes() + b"\n\n"

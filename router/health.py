@@ -1,0 +1,48 @@
+"""The router's own engine probe: trust, but verify the agents' heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from router.registry import WorkerRegistry
+
+log = logging.getLogger("pdserve.router")
+
+
+async def probe_engines_forever(
+    registry: WorkerRegistry,
+    session_factory: Callable[[], aiohttp.ClientSession],
+    *,
+    interval_s: float,
+    timeout_s: float,
+    clock: Callable[[], float],
+) -> None:
+    """Every ``interval_s``, GET each engine's /health and drop long-silent workers."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    while True:
+        session = session_factory()
+        workers = registry.workers()
+        results = await asyncio.gather(*(_healthy(session, w.engine_url, timeout) for w in workers))
+        for worker, healthy in zip(workers, results, strict=True):
+            if healthy:
+                registry.mark_healthy(worker.worker_id)
+            elif worker.healthy:
+                log.warning("worker %s failed its health probe", worker.worker_id)
+                registry.mark_unhealthy(worker.worker_id)
+        for worker_id in registry.forget_silent(clock()):
+            log.warning("worker %s forgotten after long silence", worker_id)
+        await asyncio.sleep(interval_s)
+
+
+async def _healthy(
+    session: aiohttp.ClientSession, engine_url: str, timeout: aiohttp.ClientTimeout
+) -> bool:
+    try:
+        async with session.get(f"{engine_url}/health", timeout=timeout) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False

@@ -1,0 +1,106 @@
+"""The router's Prometheus metrics, in a registry of their own per app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.registry import WorkerRegistry
+
+_LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
+)  # fmt: skip
+_ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class RouterMetrics:
+    def __init__(self, registry: WorkerRegistry, clock: Callable[[], float]) -> None:
+        self.prometheus = CollectorRegistry(auto_describe=True)
+        r = self.prometheus
+        self.requests = Counter(
+            "pdserve_requests", "Requests by outcome", ["model", "endpoint", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "pdserve_time_to_first_token_seconds",
+            "Arrival to first streamed byte, or to the whole answer when not streamed",
+            ["model", "mode"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "pdserve_e2e_request_latency_seconds",
+            "Arrival to last byte",
+            ["model", "mode"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "pdserve_inter_token_latency_seconds",
+            "Gap between streamed chunks",
+            ["model"],
+            buckets=_ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.prefill_latency = Histogram(
+            "pdserve_prefill_seconds",
+            "Prefill call (max_tokens=1) including the handoff",
+            ["model"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.output_chunks = Counter(
+            "pdserve_output_chunks", "Streamed SSE events relayed", ["model"], registry=r
+        )
+        self.upstream_failures = Counter(
+            "pdserve_upstream_failures",
+            "Worker calls that failed, by role and kind",
+            ["role", "kind"],
+            registry=r,
+        )
+        self.prefill_retries = Counter(
+            "pdserve_prefill_retries", "Prefills retried on another worker", ["model"], registry=r
+        )
+        self.stream_errors = Counter(
+            "pdserve_stream_errors", "Streams ended by an SSE error event", ["model"], registry=r
+        )
+        r.register(_WorkerCollector(registry, clock))
+
+
+class _WorkerCollector(Collector):
+    """Worker counts and engine load, read from the registry at scrape time."""
+
+    def __init__(self, registry: WorkerRegistry, clock: Callable[[], float]) -> None:
+        self._registry = registry
+        self._clock = clock
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        eligible = GaugeMetricFamily(
+            "pdserve_workers",
+            "Registered workers by role and eligibility",
+            labels=["role", "state"],
+        )
+        running = GaugeMetricFamily(
+            "pdserve_worker_requests_running", "vLLM running requests", labels=["worker", "role"]
+        )
+        waiting = GaugeMetricFamily(
+            "pdserve_worker_requests_waiting", "vLLM queue depth", labels=["worker", "role"]
+        )
+        kv = GaugeMetricFamily(
+            "pdserve_worker_kv_cache_usage_perc", "vLLM KV cache usage", labels=["worker", "role"]
+        )
+        now = self._clock()
+        counts: dict[tuple[str, str], int] = {}
+        for w in self._registry.workers():
+            state = "ready" if self._registry.is_eligible(w, now) else "not_ready"
+            key = (w.role.value, state)
+            counts[key] = counts.get(key, 0) + 1
+            labels = [w.worker_id, w.role.value]
+            running.add_metric(labels, w.load.num_requests_running)
+            waiting.add_metric(labels, w.load.num_requests_waiting)
+            kv.add_metric(labels, w.load.kv_cache_usage_perc)
+        for (role, state), count in counts.items():
+            eligible.add_metric([role, state], count)
+        yield from (eligible, running, waiting, kv)

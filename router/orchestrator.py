@@ -1,0 +1,240 @@
+"""Prefill-then-decode orchestration, and the colocated path.
+
+Disaggregated request:
+1. prefill: the client's request with ``max_tokens=1`` and ``do_remote_decode``
+   goes to a prefill engine, which answers with a KV handoff;
+2. decode: the client's request plus the handoff goes to a decode engine, which
+   pulls the KV over NIXL and generates.
+
+Failure rules:
+- a prefill that fails (unreachable, 5xx, bad handoff) is retried on another
+  prefill worker, up to ``prefill_retries``; an engine 4xx is the client's
+  fault and is passed on as is;
+- a decode that fails before its first byte is retried on another decode worker
+  with the same handoff; after the first byte the relay sends an SSE error;
+- a worker that is unreachable is marked unhealthy at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+
+from contracts.workers import WorkerRole
+from kvtransfer.handoff import (
+    PREFILL_REQUEST_PARAMS,
+    ExpiredHandoff,
+    InvalidHandoff,
+    KVHandoff,
+    parse_handoff,
+)
+from router.balancing import RoundRobin
+from router.errors import APIError, NoCapacity, UpstreamFailed, UpstreamRejected
+from router.metrics import RouterMetrics
+from router.registry import WorkerRegistry, WorkerState
+from router.relay import StreamStats, relay_sse
+from router.settings import RouterSettings
+from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationCall:
+    """One validated client request, ready to route."""
+
+    path: str  # "/v1/completions" or "/v1/chat/completions"
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    arrived_s: float
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's request reshaped for a prefill-only engine call."""
+    request = dict(body)
+    for key in ("stream_options", "max_completion_tokens", "min_tokens", "n"):
+        request.pop(key, None)
+    request["stream"] = False
+    request["max_tokens"] = 1
+    request["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
+    return request
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        registry: WorkerRegistry,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._upstream = upstream
+        self._metrics = metrics
+        self._clock = clock
+        self._balancer = RoundRobin()
+
+    async def serve(self, call: GenerationCall) -> Response:
+        now = self._clock()
+        prefill_pool = self._registry.eligible(call.model, WorkerRole.PREFILL, now)
+        decode_pool = self._registry.eligible(call.model, WorkerRole.DECODE, now)
+        if prefill_pool and decode_pool:
+            return await self._disaggregated(call, prefill_pool, decode_pool)
+        colocated_pool = self._registry.eligible(call.model, WorkerRole.COLOCATED, now)
+        if colocated_pool:
+            return await self._generate(call, colocated_pool, mode="colocated", handoff=None)
+        missing = "prefill" if decode_pool else "decode" if prefill_pool else "any"
+        raise NoCapacity(
+            f"no ready {missing} worker for model {call.model!r}; retry shortly",
+            code="no_ready_worker",
+            retry_after_s=self._settings.retry_after_s,
+        )
+
+    async def _disaggregated(
+        self, call: GenerationCall, prefill_pool: list[WorkerState], decode_pool: list[WorkerState]
+    ) -> Response:
+        handoff = await self._prefill_with_retries(call, prefill_pool)
+        try:
+            handoff.check_lease(self._clock(), self._settings.kv_lease_s)
+        except ExpiredHandoff:
+            # The event loop stalled past the lease; the blocks may be gone.
+            handoff = await self._prefill_with_retries(call, prefill_pool)
+        return await self._generate(call, decode_pool, mode="disaggregated", handoff=handoff)
+
+    async def _prefill_with_retries(
+        self, call: GenerationCall, pool: list[WorkerState]
+    ) -> KVHandoff:
+        body = json.dumps(prefill_body(call.body)).encode()
+        tried: set[str] = set()
+        failures: list[str] = []
+        for attempt in range(1 + self._settings.prefill_retries):
+            worker = self._balancer.pick(f"{call.model}/prefill", pool, tried)
+            if worker is None:
+                break
+            if attempt:
+                self._metrics.prefill_retries.labels(call.model).inc()
+            tried.add(worker.worker_id)
+            started_s = self._clock()
+            try:
+                payload = await self._upstream.post_json(
+                    worker.engine_url + call.path, body, timeout_s=self._settings.prefill_timeout_s
+                )
+                handoff = parse_handoff(
+                    json.loads(payload).get("kv_transfer_params"), issued_at_s=self._clock()
+                )
+            except EngineUnreachable as error:
+                self._worker_failed(worker, "unreachable")
+                failures.append(f"{worker.worker_id}: unreachable ({error})")
+            except EngineHTTPError as error:
+                if error.status < 500:
+                    raise UpstreamRejected(error.status, error.body) from None
+                self._metrics.upstream_failures.labels("prefill", f"http_{error.status}").inc()
+                failures.append(f"{worker.worker_id}: HTTP {error.status}")
+            except (InvalidHandoff, ValueError) as error:
+                self._metrics.upstream_failures.labels("prefill", "bad_handoff").inc()
+                failures.append(f"{worker.worker_id}: {error}")
+            else:
+                self._metrics.prefill_latency.labels(call.model).observe(self._clock() - started_s)
+                return handoff
+        raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
+
+    async def _generate(
+        self,
+        call: GenerationCall,
+        pool: list[WorkerState],
+        *,
+        mode: str,
+        handoff: KVHandoff | None,
+    ) -> Response:
+        request = dict(call.body)
+        if handoff is not None:
+            request["kv_transfer_params"] = handoff.to_decode_params()
+        body = json.dumps(request).encode()
+        tried: set[str] = set()
+        last_error: APIError | None = None
+        for _ in range(len(pool)):
+            worker = self._balancer.pick(f"{call.model}/{mode}", pool, tried)
+            if worker is None:
+                break
+            tried.add(worker.worker_id)
+            try:
+                if call.stream:
+                    return await self._stream(call, worker, body, mode)
+                return await self._complete(call, worker, body, mode)
+            except EngineUnreachable as error:
+                self._worker_failed(worker, "unreachable")
+                last_error = UpstreamFailed(
+                    f"{worker.role.value} worker {worker.worker_id} failed before its "
+                    f"first byte: {error}",
+                    code="decode_failed",
+                )
+            except EngineHTTPError as error:
+                if error.status < 500:
+                    raise UpstreamRejected(error.status, error.body) from None
+                self._metrics.upstream_failures.labels(
+                    worker.role.value, f"http_{error.status}"
+                ).inc()
+                last_error = UpstreamFailed(
+                    f"{worker.role.value} worker {worker.worker_id} answered {error.status}",
+                    code="decode_failed",
+                )
+        raise last_error or NoCapacity(
+            "no worker left to try", retry_after_s=self._settings.retry_after_s
+        )
+
+    async def _complete(
+        self, call: GenerationCall, worker: WorkerState, body: bytes, mode: str
+    ) -> Response:
+        payload = await self._upstream.post_json(
+            worker.engine_url + call.path, body, timeout_s=self._settings.first_token_timeout_s
+        )
+        elapsed_s = self._clock() - call.arrived_s
+        self._metrics.ttft.labels(call.model, mode).observe(elapsed_s)
+        self._metrics.e2e.labels(call.model, mode).observe(elapsed_s)
+        return Response(content=payload, media_type="application/json")
+
+    async def _stream(
+        self, call: GenerationCall, worker: WorkerState, body: bytes, mode: str
+    ) -> StreamingResponse:
+        response, first = await self._upstream.open_stream(
+            worker.engine_url + call.path,
+            body,
+            first_byte_timeout_s=self._settings.first_token_timeout_s,
+            idle_timeout_s=self._settings.stream_idle_timeout_s,
+        )
+        itl = self._metrics.itl.labels(call.model)
+
+        def on_end(stats: StreamStats) -> None:
+            now = self._clock()
+            if stats.first_byte_s is not None:
+                self._metrics.ttft.labels(call.model, mode).observe(
+                    stats.first_byte_s - call.arrived_s
+                )
+            self._metrics.e2e.labels(call.model, mode).observe(now - call.arrived_s)
+            self._metrics.output_chunks.labels(call.model).inc(stats.events)
+            if stats.failure:
+                self._metrics.stream_errors.labels(call.model).inc()
+                self._worker_failed(worker, "stream_broken")
+
+        stream = relay_sse(
+            response,
+            first,
+            stats=StreamStats(started_s=call.arrived_s),
+            on_gap=itl.observe,
+            on_end=on_end,
+            clock=self._clock,
+        )
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _worker_failed(self, worker: WorkerState, kind: str) -> None:
+        self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
+        self._registry.mark_unhealthy(worker.worker_id)

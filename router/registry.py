@@ -1,0 +1,117 @@
+"""The in-memory worker registry: who exists, who is ready, with what load.
+
+Invariant: ``eligible()`` returns a worker only if all hold at ``now``:
+- its agent's latest heartbeat said ready (weights loaded, not draining);
+- that heartbeat is younger than ``heartbeat_timeout_s``;
+- the router's own health probe has not failed since (``healthy``).
+An upstream failure clears ``healthy`` at once; only a passing probe restores it.
+
+Pure state: no I/O, and the clock is a parameter, so it is unit-testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration, WorkerRole
+
+
+class RegistryFull(RuntimeError):
+    """The registry is at ``max_workers``."""
+
+
+@dataclass(slots=True)
+class WorkerState:
+    registration: WorkerRegistration
+    last_seen_s: float
+    ready: bool = True
+    draining: bool = False
+    healthy: bool = True
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+
+    @property
+    def worker_id(self) -> str:
+        return self.registration.worker_id
+
+    @property
+    def role(self) -> WorkerRole:
+        return self.registration.role
+
+    @property
+    def engine_url(self) -> str:
+        return self.registration.engine_url
+
+
+class WorkerRegistry:
+    def __init__(
+        self, *, heartbeat_timeout_s: float, forget_after_s: float, max_workers: int
+    ) -> None:
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._forget_after_s = forget_after_s
+        self._max_workers = max_workers
+        self._workers: dict[str, WorkerState] = {}
+
+    def __repr__(self) -> str:
+        return f"WorkerRegistry(workers={len(self._workers)})"
+
+    def register(self, registration: WorkerRegistration, now_s: float) -> WorkerState:
+        """Add or replace a worker. A new incarnation starts healthy and ready."""
+        if registration.worker_id not in self._workers and len(self._workers) >= self._max_workers:
+            raise RegistryFull(f"registry holds {self._max_workers} workers (max_workers)")
+        state = WorkerState(registration=registration, last_seen_s=now_s)
+        self._workers[registration.worker_id] = state
+        return state
+
+    def heartbeat(self, heartbeat: WorkerHeartbeat, now_s: float) -> bool:
+        """Apply a heartbeat; False if the worker is unknown (it must re-register)."""
+        state = self._workers.get(heartbeat.worker_id)
+        if state is None:
+            return False
+        if heartbeat.incarnation > state.registration.incarnation:
+            return False  # a newer engine than the one registered: re-register it
+        if heartbeat.incarnation < state.registration.incarnation:
+            return True  # a late beat from a previous engine: ignore it
+        state.last_seen_s = now_s
+        state.ready = heartbeat.ready
+        state.draining = heartbeat.draining
+        state.load = heartbeat.load
+        return True
+
+    def mark_unhealthy(self, worker_id: str) -> None:
+        state = self._workers.get(worker_id)
+        if state is not None:
+            state.healthy = False
+
+    def mark_healthy(self, worker_id: str) -> None:
+        state = self._workers.get(worker_id)
+        if state is not None:
+            state.healthy = True
+
+    def is_eligible(self, state: WorkerState, now_s: float) -> bool:
+        return (
+            state.ready
+            and state.healthy
+            and not state.draining
+            and state.last_seen_s >= now_s - self._heartbeat_timeout_s
+        )
+
+    def eligible(self, model: str, role: WorkerRole, now_s: float) -> list[WorkerState]:
+        return [
+            w
+            for w in self._workers.values()
+            if w.role is role and w.registration.model == model and self.is_eligible(w, now_s)
+        ]
+
+    def models(self) -> list[str]:
+        return sorted({w.registration.model for w in self._workers.values()})
+
+    def workers(self) -> list[WorkerState]:
+        return list(self._workers.values())
+
+    def forget_silent(self, now_s: float) -> list[str]:
+        """Drop workers silent for ``forget_after_s``; returns their ids."""
+        deadline = now_s - self._forget_after_s
+        gone = [wid for wid, w in self._workers.items() if w.last_seen_s < deadline]
+        for wid in gone:
+            del self._workers[wid]
+        return gone
