@@ -148,16 +148,16 @@ class LocalCluster:
         self._write_cluster_file()
         _say("[3/3] waiting for vLLM to load weights (30-60 s per engine on CPU)")
         started = time.monotonic()
-        last_report = ""
+        next_report_s = started
         while not stopping():
             ready = self.ready_workers()
-            elapsed_s = time.monotonic() - started
-            report = f"      ready {len(ready)}/{len(self.workers)} after {elapsed_s:.0f}s"
-            if report != last_report and int(time.monotonic() - started) % 5 == 0:
-                _say(report)
-                last_report = report
             if len(ready) == len(self.workers):
+                _say(f"      all {len(ready)} ready after {time.monotonic() - started:.0f}s")
                 return
+            if time.monotonic() >= next_report_s:
+                waiting = [w.name for w in self.workers if w.name not in ready]
+                _say(f"      {time.monotonic() - started:3.0f}s  waiting for {', '.join(waiting)}")
+                next_report_s += 5
             if time.monotonic() - started > self.args.ready_timeout_s:
                 raise SystemExit(
                     f"workers not ready after {self.args.ready_timeout_s:.0f}s; see {self.run_dir}"

@@ -14,7 +14,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
 
 
-def prepared(name: str, build: Callable[[Path], None], *, progress: Callable[[str], None]) -> Path:
+def prepared(
+    name: str, build: Callable[[Path], None], *, what: str, progress: Callable[[str], None]
+) -> Path:
     """Return the cached model folder ``name``, building it first if absent.
 
     The build writes into a temporary sibling that is renamed into place only
@@ -25,9 +27,11 @@ def prepared(name: str, build: Callable[[Path], None], *, progress: Callable[[st
         progress(f"model {name}: cached at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"model {name}: {what}")
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         build(staging)
+        staging.chmod(0o755)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

@@ -58,5 +58,6 @@ def _set_eos(path: Path, token: str) -> None:
 
 def ensure(progress: Callable[[str], None] = print) -> Path:
     """The converted model's folder; the first call converts (about 30 s)."""
-    progress(f"model {NAME}: converting {GGUF_FILE} to bf16 safetensors (first run only)")
-    return prepared(NAME, build, progress=progress)
+    return prepared(
+        NAME, build, what=f"converting {GGUF_FILE} to bf16 (first run, ~30 s)", progress=progress
+    )

@@ -96,5 +96,6 @@ def build(out: Path) -> None:
 
 def ensure(progress: Callable[[str], None] = print) -> Path:
     """The tiny model's folder, built on first use (about 10 s)."""
-    progress(f"model {NAME}: building (tokenizer from stdlib sources, random weights)")
-    return prepared(NAME, build, progress=progress)
+    return prepared(
+        NAME, build, what="building (tokenizer from stdlib, random weights)", progress=progress
+    )

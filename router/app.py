@@ -107,7 +107,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         authorize_client(request)
         body = await _json_body(request, settings.max_body_bytes)
         parsed = validate(schema, body, max_tokens_cap=settings.max_tokens_cap)
-        endpoint = path.rsplit("/", 1)[-1]
+        endpoint = "chat" if "chat" in path else "completions"
         if parsed.model not in registry.models():
             metrics.requests.labels("unknown", endpoint, "404").inc()
             raise ModelNotFound(

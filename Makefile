@@ -1,0 +1,36 @@
+# pdserve: the two commands are `make run` and `make test`.
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL ?= smollm2
+PORT ?= 8000
+
+.PHONY: setup run test test-fast test-real lint format bench
+
+setup:
+	@bash deploy/install.sh
+
+## Start a local cluster (router + 1 prefill + 1 decode) with SmolLM2-135M-Instruct.
+run: setup
+	$(BIN)/pdserve up --model $(MODEL) --port $(PORT)
+
+## Lint, then every test tier: fast (no vLLM) and real (vLLM CPU + tiny model).
+test: setup lint
+	$(BIN)/pytest -v tests
+
+test-fast: setup
+	$(BIN)/pytest -v -m "not vllm" tests
+
+test-real: setup
+	$(BIN)/pytest -v -m vllm tests
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## Router overhead and disaggregation overhead, side by side (tiny model).
+bench: setup
+	$(BIN)/python -m benchmarks.pd_overhead

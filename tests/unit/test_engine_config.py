@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from agent.engine_spec import EngineSpec
+from kvtransfer.transport import NixlTransport
+
+
+def transport(role="kv_producer", **kw):
+    return NixlTransport(role=role, buffer_device="cpu", side_channel_port=5601, **kw)
+
+
+def test_kv_transfer_config_names_the_connector_role_and_lease():
+    config = json.loads(transport(kv_lease_s=45).kv_transfer_config())
+    assert config == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 45},
+    }
+
+
+def test_transport_env_stays_on_loopback_by_default():
+    env = transport().env()
+    assert env["UCX_NET_DEVICES"] == "lo"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert "UCX_NET_DEVICES" not in transport(ucx_net_devices=None).env()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"side_channel_port": 0}, {"side_channel_port": 65536}, {"kv_lease_s": 5}]
+)
+def test_transport_rejects_bad_values(kwargs):
+    base = {"role": "kv_consumer", "buffer_device": "cpu", "side_channel_port": 5601}
+    with pytest.raises(ValueError):
+        NixlTransport(**{**base, **kwargs})
+
+
+def spec(**kw):
+    base = {"model_path": "/m", "served_model_name": "m", "port": 8100}
+    return EngineSpec(**{**base, **kw})
+
+
+def test_cpu_engine_is_eager_and_binds_cores_and_kv_size():
+    s = spec(cores="1", kv_cache_gib=2, transport=transport("kv_consumer"))
+    argv, env = s.argv(), s.env({})
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["UCX_NET_DEVICES"] == "lo"
+
+
+def test_cuda_engine_compiles_and_uses_gpu_knobs():
+    s = spec(device="cuda", cores="0")
+    argv, env = s.argv(), s.env({})
+    assert "--enforce-eager" not in argv
+    assert "--gpu-memory-utilization" in argv
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_kv_events_endpoint_becomes_vllm_config():
+    argv = spec(kv_events_endpoint="tcp://*:5557").argv()
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+
+
+@pytest.mark.parametrize("kwargs", [{"port": 0}, {"kv_cache_gib": 0}, {"block_size": 100}])
+def test_engine_spec_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        spec(**kwargs)
