@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 MODEL ?= smollm2
 PORT ?= 8000
 
-.PHONY: setup run test test-fast test-real lint format bench
+.PHONY: setup run test test-fast test-real lint format bench docs
 
 setup:
 	@bash deploy/install.sh
@@ -34,3 +34,7 @@ format:
 ## Router overhead and disaggregation overhead, side by side (tiny model).
 bench: setup
 	$(BIN)/python -m benchmarks.pd_overhead
+
+## Regenerate the README's settings table from router/settings.py.
+docs:
+	$(BIN)/python deploy/readme_settings.py

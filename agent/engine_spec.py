@@ -91,6 +91,9 @@ class EngineSpec:
         env = dict(base)
         env["HF_HUB_OFFLINE"] = "1"
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        # The router pools connections to the engine; uvicorn's 5 s default makes it
+        # reconnect after every short lull.
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
         if self.device == "cpu":
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)

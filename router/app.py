@@ -22,7 +22,7 @@ from router.errors import (
     ClientDisconnected,
     Forbidden,
     InvalidRequest,
-    ModelNotFound,
+    NotFound,
     Overloaded,
     RequestTooLarge,
     Unauthorized,
@@ -47,6 +47,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     upstream = Upstream(
         pool_size=settings.upstream_pool_size,
         connect_timeout_s=settings.upstream_connect_timeout_s,
+        keepalive_s=settings.upstream_keepalive_s,
     )
     metrics = RouterMetrics(registry, clock)
     orchestrator = Orchestrator(
@@ -61,7 +62,8 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
                 registry,
                 lambda: upstream.session,
                 interval_s=settings.health_interval_s,
-                timeout_s=settings.upstream_connect_timeout_s,
+                timeout_s=settings.health_timeout_s,
+                failures_to_eject=settings.health_failures_to_eject,
                 clock=clock,
             )
         )
@@ -110,7 +112,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         endpoint = "chat" if "chat" in path else "completions"
         if parsed.model not in registry.models():
             metrics.requests.labels("unknown", endpoint, "404").inc()
-            raise ModelNotFound(
+            raise NotFound(
                 f"model {parsed.model!r} is not served here; see GET /v1/models",
                 param="model",
                 code="model_not_found",
@@ -171,6 +173,14 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         if not registry.heartbeat(beat, clock()):
             return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
         return JSONResponse({"ok": True})
+
+    @app.delete("/admin/workers/{worker_id}")
+    async def deregister(request: Request, worker_id: str) -> dict[str, Any]:
+        authorize_admin(request)
+        if not registry.deregister(worker_id):
+            raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
+        log.info("worker %s deregistered", worker_id)
+        return {"deregistered": worker_id}
 
     @app.get("/admin/workers")
     async def list_workers(request: Request) -> dict[str, Any]:

@@ -56,7 +56,9 @@ class Forbidden(APIError):
     type = "permission_error"
 
 
-class ModelNotFound(APIError):
+class NotFound(APIError):
+    """An unknown model, worker or other named resource."""
+
     status = 404
     type = "not_found_error"
 

@@ -19,20 +19,26 @@ async def probe_engines_forever(
     *,
     interval_s: float,
     timeout_s: float,
+    failures_to_eject: int,
     clock: Callable[[], float],
 ) -> None:
-    """Every ``interval_s``, GET each engine's /health and drop long-silent workers."""
+    """Every ``interval_s``, GET each engine's /health and drop long-silent workers.
+
+    One slow answer from a busy engine is not a death: a worker leaves rotation
+    only after ``failures_to_eject`` probes in a row fail.
+    """
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     while True:
         session = session_factory()
         workers = registry.workers()
         results = await asyncio.gather(*(_healthy(session, w.engine_url, timeout) for w in workers))
         for worker, healthy in zip(workers, results, strict=True):
-            if healthy:
-                registry.mark_healthy(worker.worker_id)
-            elif worker.healthy:
-                log.warning("worker %s failed its health probe", worker.worker_id)
-                registry.mark_unhealthy(worker.worker_id)
+            if registry.record_probe(worker.worker_id, healthy, failures_to_eject):
+                log.warning(
+                    "worker %s %s", worker.worker_id,
+                    "passed its health probe" if healthy else
+                    f"failed {failures_to_eject} health probes in a row",
+                )  # fmt: skip
         for worker_id in registry.forget_silent(clock()):
             log.warning("worker %s forgotten after long silence", worker_id)
         await asyncio.sleep(interval_s)

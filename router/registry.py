@@ -3,7 +3,8 @@
 Invariant: ``eligible()`` returns a worker only if all hold at ``now``:
 - its agent's latest heartbeat said ready (weights loaded, not draining);
 - that heartbeat is younger than ``heartbeat_timeout_s``;
-- the router's own health probe has not failed since (``healthy``).
+- the router's own health probe has not failed ``failures_to_eject`` times in a
+  row since (``healthy``).
 An upstream failure clears ``healthy`` at once; only a passing probe restores it.
 
 Pure state: no I/O, and the clock is a parameter, so it is unit-testable.
@@ -27,6 +28,7 @@ class WorkerState:
     ready: bool = True
     draining: bool = False
     healthy: bool = True
+    probe_failures: int = 0  # consecutive failed health probes
     load: WorkerLoad = field(default_factory=WorkerLoad)
 
     @property
@@ -77,15 +79,29 @@ class WorkerRegistry:
         state.load = heartbeat.load
         return True
 
+    def deregister(self, worker_id: str) -> bool:
+        """Remove a worker at once (an SRE retiring it); False if it was unknown."""
+        return self._workers.pop(worker_id, None) is not None
+
     def mark_unhealthy(self, worker_id: str) -> None:
         state = self._workers.get(worker_id)
         if state is not None:
             state.healthy = False
 
-    def mark_healthy(self, worker_id: str) -> None:
+    def record_probe(self, worker_id: str, passed: bool, failures_to_eject: int) -> bool:
+        """Apply one health-probe result; True if it changed the worker's health."""
         state = self._workers.get(worker_id)
-        if state is not None:
+        if state is None:
+            return False
+        was_healthy = state.healthy
+        if passed:
+            state.probe_failures = 0
             state.healthy = True
+        else:
+            state.probe_failures += 1
+            if state.probe_failures >= failures_to_eject:
+                state.healthy = False
+        return state.healthy != was_healthy
 
     def is_eligible(self, state: WorkerState, now_s: float) -> bool:
         return (

@@ -61,11 +61,28 @@ class RouterSettings(BaseModel):
     health_interval_s: float = Field(
         2.0, gt=0, description="Period of the router's own /health probe of each engine."
     )
+    health_timeout_s: float = Field(
+        5.0, gt=0, description="One /health probe's limit. A busy CPU engine can be slow."
+    )
+    health_failures_to_eject: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Consecutive failed probes before a worker leaves rotation. "
+        "A failed request ejects it at once regardless.",
+    )
     max_workers: int = Field(
         1024, ge=1, description="Registry capacity; registrations beyond it get 429."
     )
     upstream_pool_size: int = Field(
         1024, ge=1, description="Pooled upstream connections (all workers together)."
+    )
+    upstream_keepalive_s: float = Field(
+        30.0,
+        gt=0,
+        le=300,
+        description="Idle upstream connections are closed after this. Keep it below the "
+        "engines' keep-alive (agents start vLLM with VLLM_HTTP_TIMEOUT_KEEP_ALIVE=60).",
     )
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."

@@ -1,6 +1,11 @@
 """The router's one pooled HTTP client for calls to worker engines.
 
-aiohttp, not httpx: it measured 4-6x cheaper per request here. Failures are
+aiohttp, not httpx: it measured 4-6x cheaper per request here.
+
+Pooled keep-alive connections go stale when the engine closes them first (vLLM's
+uvicorn closes idle ones after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``). A request that
+fails on such a connection before any answer byte never reached the engine, so it
+is resent once on a fresh connection instead of failing a healthy worker. Failures are
 split so the orchestrator can decide: ``EngineUnreachable`` means the worker
 may be dead (retry elsewhere, mark unhealthy); ``EngineHTTPError`` means the
 engine answered and refused.
@@ -26,14 +31,24 @@ class EngineHTTPError(Exception):
         self.body = body
 
 
+def _stale_connection(error: BaseException) -> bool:
+    """A reused connection the peer had closed: the request was never processed."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return False  # a fresh connect that failed: the engine is really unreachable
+    return isinstance(error, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+
+
 class Upstream:
-    def __init__(self, *, pool_size: int, connect_timeout_s: float) -> None:
+    def __init__(self, *, pool_size: int, connect_timeout_s: float, keepalive_s: float) -> None:
         self._pool_size = pool_size
         self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._pool_size, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(
+            limit=self._pool_size, ttl_dns_cache=300, keepalive_timeout=self._keepalive_s
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=self._connect_timeout_s),
@@ -50,18 +65,32 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         return self._session
 
+    async def _send(
+        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        """POST until the answer's headers arrive, resending once after a stale connection."""
+        for attempt in range(2):
+            try:
+                return await self.session.post(
+                    url, data=body, headers=JSON_HEADERS, timeout=timeout
+                )
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                if attempt == 0 and _stale_connection(error):
+                    continue
+                raise EngineUnreachable(f"{url}: {error!r}") from error
+        raise AssertionError("unreachable")
+
     async def post_json(self, url: str, body: bytes, *, timeout_s: float) -> bytes:
         """POST and read the whole answer; raise on any non-200."""
+        response = await self._send(url, body, aiohttp.ClientTimeout(total=timeout_s))
         try:
-            async with self.session.post(
-                url, data=body, headers=JSON_HEADERS, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as response:
+            async with response:
                 payload = await response.read()
-                if response.status != 200:
-                    raise EngineHTTPError(response.status, payload)
-                return payload
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise EngineUnreachable(f"{url}: {error!r}") from error
+        if response.status != 200:
+            raise EngineHTTPError(response.status, payload)
+        return payload
 
     async def open_stream(
         self, url: str, body: bytes, *, first_byte_timeout_s: float, idle_timeout_s: float
@@ -72,12 +101,7 @@ class Upstream:
         before the first token is still an HTTP error, not a broken 200.
         """
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout_s)
-        try:
-            response = await self.session.post(
-                url, data=body, headers=JSON_HEADERS, timeout=timeout
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            raise EngineUnreachable(f"{url}: {error!r}") from error
+        response = await self._send(url, body, timeout)
         try:
             if response.status != 200:
                 raise EngineHTTPError(response.status, await response.read())

@@ -67,7 +67,11 @@ def test_cuda_engine_compiles_and_uses_gpu_knobs():
 def test_kv_events_endpoint_becomes_vllm_config():
     argv = spec(kv_events_endpoint="tcp://*:5557").argv()
     config = json.loads(argv[argv.index("--kv-events-config") + 1])
-    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+    }
 
 
 @pytest.mark.parametrize("kwargs", [{"port": 0}, {"kv_cache_gib": 0}, {"block_size": 100}])

@@ -60,5 +60,5 @@ def test_missing_handoff_is_refused(raw):
 def test_lease_expiry():
     handoff = parse_handoff(VLLM_HANDOFF, issued_at_s=100.0)
     handoff.check_lease(now_s=129.9, lease_s=30.0)
-    with pytest.raises(ExpiredHandoff, match="past its 30.0s lease"):
+    with pytest.raises(ExpiredHandoff, match=r"past its 30\.0s lease"):
         handoff.check_lease(now_s=130.1, lease_s=30.0)

@@ -1,0 +1,227 @@
+"""Router and disaggregation overhead, measured side by side in one run.
+
+Four ways to serve the same streamed completion on the tiny model:
+  (a) direct      the colocated vLLM, called directly;
+  (b) router      the same engine through the router (no P/D);
+  (c) router_pd   the disaggregated path through the router;
+  (d) raw_pd      the two-call P/D protocol, called directly on the engines.
+
+The modes are interleaved request by request, so machine noise hits all of them
+alike; every request carries a fresh prompt prefix, so no mode gets a prefix-cache
+hit from another. Reported: TTFT and end-to-end latency (p50/p90/mean), and the
+differences the budgets are about: (b-a) router cost, (c-b) disaggregation cost,
+(c-d) router cost on the P/D path.
+
+    python -m benchmarks.pd_overhead [--requests 30] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+
+from cli.cluster import ClusterPlan, LocalCluster
+from cli.ports import free_ports
+from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
+from modelstore import tiny_llama
+
+MODES = ("direct", "router", "router_pd", "raw_pd")
+PROMPT_WORDS = {"short": 50, "long": 400}
+MAX_TOKENS = 16
+COLOCATED_NAME = "tiny-llama-colocated"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    mode: str
+    prompt: str
+    ttft_ms: float
+    e2e_ms: float
+
+
+def make_prompt(nonce: str, words: int) -> str:
+    vocabulary = ("cache", "block", "token", "prefill", "decode", "router", "queue", "lease")
+    return f"request {nonce}: " + " ".join(vocabulary[i % len(vocabulary)] for i in range(words))
+
+
+async def stream_timing(
+    session: aiohttp.ClientSession, url: str, body: dict
+) -> tuple[float, float]:
+    """(seconds to the first data event, seconds to [DONE]) of one streamed call."""
+    started = time.perf_counter()
+    first = None
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}: {await response.text()}")
+        async for line in response.content:
+            if first is None and line.startswith(b"data: "):
+                first = time.perf_counter() - started
+            if line.startswith(b"data: [DONE]"):
+                break
+    return first if first is not None else float("nan"), time.perf_counter() - started
+
+
+async def raw_two_call(
+    session: aiohttp.ClientSession, prefill_url: str, decode_url: str, body: dict
+) -> tuple[float, float]:
+    """The P/D protocol with no router: prefill with max_tokens=1, then decode the handoff."""
+    started = time.perf_counter()
+    prefill = {**body, "stream": False, "max_tokens": 1,
+               "kv_transfer_params": PREFILL_REQUEST_PARAMS}  # fmt: skip
+    async with session.post(prefill_url + "/v1/completions", json=prefill) as response:
+        handoff = (await response.json())["kv_transfer_params"]
+    offset = time.perf_counter() - started
+    ttft, e2e = await stream_timing(
+        session, decode_url + "/v1/completions", {**body, "kv_transfer_params": handoff}
+    )
+    return offset + ttft, offset + e2e
+
+
+async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sample]:
+    colocated = cluster.worker("colocated-0").engine_url
+    prefill = cluster.worker("prefill-0").engine_url
+    decode = cluster.worker("decode-0").engine_url
+    # mode -> (URL, served model) for the single-call modes
+    single_call = {
+        "direct": (colocated + "/v1/completions", COLOCATED_NAME),
+        "router": (cluster.router_url + "/v1/completions", COLOCATED_NAME),
+        "router_pd": (cluster.router_url + "/v1/completions", tiny_llama.SERVED_NAME),
+    }
+    samples: list[Sample] = []
+    rounds = warmup + requests
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as session:
+        for size, words in PROMPT_WORDS.items():
+            for index in range(rounds):
+                for mode in MODES:
+                    body = {
+                        "prompt": make_prompt(f"{size}-{index}-{mode}", words),
+                        "max_tokens": MAX_TOKENS,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                        "stream": True,
+                    }
+                    if mode == "raw_pd":
+                        body["model"] = tiny_llama.SERVED_NAME
+                        ttft_s, e2e_s = await raw_two_call(session, prefill, decode, body)
+                    else:
+                        url, body["model"] = single_call[mode]
+                        ttft_s, e2e_s = await stream_timing(session, url, body)
+                    if index >= warmup:
+                        samples.append(Sample(mode, size, ttft_s * 1000, e2e_s * 1000))
+                if (index + 1) % 5 == 0 or index + 1 == rounds:
+                    print(f"bench: {size} prompts, {index + 1}/{rounds} rounds", flush=True)
+    return samples
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarise(samples: list[Sample]) -> dict:
+    summary: dict = {}
+    for size in PROMPT_WORDS:
+        summary[size] = {}
+        for mode in MODES:
+            chosen = [s for s in samples if s.prompt == size and s.mode == mode]
+            summary[size][mode] = {
+                metric: {
+                    "p50": percentile([getattr(s, metric) for s in chosen], 0.5),
+                    "p90": percentile([getattr(s, metric) for s in chosen], 0.9),
+                    "mean": statistics.fmean(getattr(s, metric) for s in chosen),
+                }
+                for metric in ("ttft_ms", "e2e_ms")
+            }
+        p50 = {mode: summary[size][mode]["ttft_ms"]["p50"] for mode in MODES}
+        summary[size]["deltas_p50_ms"] = {
+            "router_added_b_minus_a": p50["router"] - p50["direct"],
+            "disaggregation_c_minus_b": p50["router_pd"] - p50["router"],
+            "router_on_pd_c_minus_d": p50["router_pd"] - p50["raw_pd"],
+        }
+    return summary
+
+
+def table(summary: dict, command: str, requests: int) -> str:
+    lines = [
+        "# P/D overhead (tiny model, CPU)", "", f"Command: `{command}`", "",
+        f"{requests} streamed completions per mode and prompt size, {MAX_TOKENS} output tokens, "
+        "modes interleaved. Milliseconds.", "",
+        "| prompt | mode | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 |", "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for size in PROMPT_WORDS:
+        for mode in MODES:
+            ttft, e2e = summary[size][mode]["ttft_ms"], summary[size][mode]["e2e_ms"]
+            lines.append(f"| {size} ({PROMPT_WORDS[size]} words) | {mode} | {ttft['p50']:.1f} | "
+                         f"{ttft['p90']:.1f} | {e2e['p50']:.1f} | {e2e['p90']:.1f} |")  # fmt: skip
+    lines += ["", "| prompt | router added (b-a) | disaggregation (c-b) | router on P/D (c-d) |",
+              "|---|---|---|---|"]  # fmt: skip
+    for size in PROMPT_WORDS:
+        d = summary[size]["deltas_p50_ms"]
+        cells = " | ".join(f"{value:+.1f}" for value in d.values())
+        lines.append(f"| {size} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(samples: list[Sample], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(PROMPT_WORDS), figsize=(11, 4), sharey=False)
+    for axis, size in zip(axes, PROMPT_WORDS, strict=True):
+        data = [[s.ttft_ms for s in samples if s.prompt == size and s.mode == m] for m in MODES]
+        axis.boxplot(data, tick_labels=MODES, showfliers=True)
+        axis.set_title(f"TTFT, {size} prompt ({PROMPT_WORDS[size]} words)")
+        axis.set_ylabel("ms")
+        axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=30, help="measured requests per mode")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (port,) = free_ports(1)
+    run_dir = Path(tempfile.mkdtemp(prefix="pdserve-bench-"))
+    plan = ClusterPlan(
+        model_path=tiny_llama.ensure(), served_name=tiny_llama.SERVED_NAME,
+        colocated_served_name=COLOCATED_NAME, prefill=1, decode=1, colocated=1,
+        port=port, run_dir=run_dir, drain_timeout_s=5,
+    )  # fmt: skip
+    cluster = LocalCluster(plan, say=lambda m: print(f"bench: {m}", flush=True))
+    try:
+        cluster.start()
+        samples = asyncio.run(measure(cluster, args.requests, args.warmup))
+    finally:
+        cluster.stop()
+    command = "python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])
+    summary = summarise(samples)
+    (out / "pd_overhead.json").write_text(json.dumps({
+        "command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,
+        "summary": summary, "samples": [asdict(s) for s in samples],
+    }, indent=2))  # fmt: skip
+    report = table(summary, command.strip(), args.requests)
+    (out / "pd_overhead.md").write_text(report)
+    plot(samples, out / "pd_overhead.png")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

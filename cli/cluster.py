@@ -1,0 +1,282 @@
+"""A local cluster as processes: one router, and one agent per worker, each agent running a vLLM.
+
+``pdserve up``, the real-vLLM tests and the benchmarks all start clusters through
+``LocalCluster``, so what the tests prove is what the launcher runs.
+
+Process tree: caller -> router, and one agent per worker -> its vLLM. Each child
+runs in its own session, so a terminal Ctrl-C reaches only the caller, which
+stops the agents first (they drain and stop their engines) and the router last.
+Nothing outlives ``stop()``: stragglers are SIGKILLed by process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cli.ports import free_ports
+
+Role = str  # "prefill" | "decode" | "colocated"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterPlan:
+    """What to start. Every field has the default ``pdserve up`` uses."""
+
+    model_path: Path
+    served_name: str
+    # Colocated workers may serve under their own name, so that one router can
+    # offer the same weights with and without P/D side by side (tests, benchmarks).
+    colocated_served_name: str | None = None
+    prefill: int = 1
+    decode: int = 1
+    colocated: int = 0
+    host: str = "127.0.0.1"
+    port: int = 8000
+    run_dir: Path
+    kv_cache_gib: int = 1
+    max_model_len: int = 4096
+    ready_timeout_s: float = 600.0
+    heartbeat_interval_s: float = 2.0
+    drain_timeout_s: float = 30.0
+    # Extra router settings as PDSERVE_* environment variables.
+    router_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.prefill + self.decode + self.colocated == 0:
+            raise ValueError("nothing to start: give prefill/decode or colocated workers")
+        if (self.prefill == 0) != (self.decode == 0):
+            raise ValueError("disaggregation needs both prefill and decode workers")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    name: str
+    role: Role
+    served_name: str
+    engine_port: int
+    side_channel_port: int
+    cores: str
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.engine_port}"
+
+
+def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
+    """Ports and core binding: workers spread over cores; a lone worker gets all of them."""
+    roles = ["prefill"] * plan.prefill + ["decode"] * plan.decode + ["colocated"] * plan.colocated
+    ports = free_ports(2 * len(roles))
+    workers = []
+    for index, role in enumerate(roles):
+        lone = len(roles) == 1 and cpu_count > 1
+        cores = f"0-{cpu_count - 1}" if lone else str(index % cpu_count)
+        served = plan.served_name
+        if role == "colocated" and plan.colocated_served_name:
+            served = plan.colocated_served_name
+        name = f"{role}-{roles[:index].count(role)}"
+        workers.append(
+            WorkerPlan(name, role, served, ports[2 * index], ports[2 * index + 1], cores)
+        )
+    return workers
+
+
+class LocalCluster:
+    def __init__(self, plan: ClusterPlan, *, say: Callable[[str], None] = print) -> None:
+        self.plan = plan
+        self.run_dir = plan.run_dir
+        self.router_url = f"http://{plan.host}:{plan.port}"
+        self.admin_token = secrets.token_urlsafe(24)
+        self.workers = plan_workers(plan, os.cpu_count() or 1)
+        self.router: subprocess.Popen | None = None
+        self.agents: dict[str, subprocess.Popen] = {}
+        self._say = say
+
+    def __repr__(self) -> str:
+        return f"LocalCluster(router={self.router_url}, workers={[w.name for w in self.workers]})"
+
+    def start(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Start everything and return once every worker is eligible for traffic."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._say(f"[1/3] router on {self.router_url}")
+        self.router = self._spawn(
+            "router",
+            ["router", "--host", self.plan.host, "--port", str(self.plan.port)],
+            self.plan.router_env,
+        )
+        _wait_until(
+            lambda: _http_ok(self.router_url + "/health"), 30, "router", stopping, self.router
+        )
+        self._say(
+            f"[2/3] {len(self.workers)} worker(s): "
+            + ", ".join(f"{w.name}@{w.engine_port} cores {w.cores}" for w in self.workers)
+        )
+        for worker in self.workers:
+            self.agents[worker.name] = self._spawn(worker.name, self._agent_argv(worker), {})
+        self._write_cluster_file()
+        self._wait_ready(stopping)
+
+    def _agent_argv(self, w: WorkerPlan) -> list[str]:
+        p = self.plan
+        argv = [
+            w.role, "--model", str(p.model_path), "--served-model-name", w.served_name,
+            "--port", str(w.engine_port), "--router-url", self.router_url,
+            "--worker-id", w.name, "--cores", w.cores,
+            "--kv-cache-gib", str(p.kv_cache_gib), "--max-model-len", str(p.max_model_len),
+            "--ready-timeout-s", str(p.ready_timeout_s),
+            "--heartbeat-interval-s", str(p.heartbeat_interval_s),
+            "--drain-timeout-s", str(p.drain_timeout_s),
+            "--log-file", str(self.run_dir / f"{w.name}.engine.log"),
+        ]  # fmt: skip
+        if w.role != "colocated":
+            argv += ["--side-channel-port", str(w.side_channel_port)]
+        return argv
+
+    def _wait_ready(self, stopping: Callable[[], bool]) -> None:
+        self._say("[3/3] waiting for vLLM to load weights (30-60 s per engine on CPU)")
+        started = time.monotonic()
+        next_report_s = started
+        while not stopping():
+            ready = self.ready_workers()
+            if len(ready) == len(self.workers):
+                self._say(f"      all {len(ready)} ready after {time.monotonic() - started:.0f}s")
+                return
+            if time.monotonic() >= next_report_s:
+                waiting = [w.name for w in self.workers if w.name not in ready]
+                elapsed_s = time.monotonic() - started
+                self._say(f"      {elapsed_s:3.0f}s  waiting for {', '.join(waiting)}")
+                next_report_s += 5
+            if time.monotonic() - started > self.plan.ready_timeout_s:
+                raise RuntimeError(
+                    f"workers not ready after {self.plan.ready_timeout_s:.0f}s; "
+                    f"see the logs in {self.run_dir}"
+                )
+            if not self.router_alive():
+                raise RuntimeError(f"router exited; see {self.run_dir}/router.log")
+            dead = [name for name, agent in self.agents.items() if agent.poll() is not None]
+            if dead:
+                raise RuntimeError(f"agent(s) {', '.join(dead)} exited; see {self.run_dir}")
+            time.sleep(0.5)
+
+    def admin(self, method: str, path: str, payload: dict | None = None) -> dict:
+        """Call the router's admin API with this cluster's token."""
+        request = urllib.request.Request(
+            self.router_url + path,
+            method=method,
+            data=None if payload is None else json.dumps(payload).encode(),
+            headers={
+                "Authorization": f"Bearer {self.admin_token}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)
+
+    def worker_status(self) -> dict[str, dict]:
+        """The router's view of each worker, by worker id."""
+        try:
+            workers = self.admin("GET", "/admin/workers")["workers"]
+        except (OSError, ValueError):
+            return {}
+        return {w["worker_id"]: w for w in workers}
+
+    def ready_workers(self) -> list[str]:
+        return [wid for wid, w in self.worker_status().items() if w["eligible"]]
+
+    def worker(self, name: str) -> WorkerPlan:
+        return next(w for w in self.workers if w.name == name)
+
+    def router_alive(self) -> bool:
+        return self.router is not None and self.router.poll() is None
+
+    def process_groups(self) -> list[int]:
+        """Process-group ids of every child (each child leads its own session)."""
+        children = [self.router, *self.agents.values()]
+        return [child.pid for child in children if child is not None]
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            _signal_group(agent, signal.SIGTERM)
+        # Agents drain (bounded by drain_timeout_s) and stop their engines.
+        _wait_all(list(self.agents.values()), timeout_s=self.plan.drain_timeout_s + 30)
+        for agent in self.agents.values():
+            _signal_group(agent, signal.SIGKILL)
+        if self.router is not None:
+            _signal_group(self.router, signal.SIGTERM)
+            _wait_all([self.router], timeout_s=15)
+            _signal_group(self.router, signal.SIGKILL)
+
+    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
+        env = dict(os.environ, **extra_env, PDSERVE_ADMIN_TOKEN=self.admin_token)
+        with (self.run_dir / f"{name}.log").open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "cli.main", *argv],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def _write_cluster_file(self) -> None:
+        token_file = self.run_dir / "admin_token"
+        token_file.write_text(self.admin_token)
+        token_file.chmod(0o600)
+        (self.run_dir / "cluster.json").write_text(json.dumps({
+            "router_url": self.router_url,
+            "model": self.plan.served_name,
+            "model_path": str(self.plan.model_path),
+            "launcher_pid": os.getpid(),
+            "router_pid": self.router.pid if self.router else None,
+            "admin_token_file": str(token_file),
+            "workers": [dict(asdict(w), agent_pid=self.agents[w.name].pid) for w in self.workers],
+        }, indent=2))  # fmt: skip
+
+
+def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _wait_all(processes: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _wait_until(
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    stopping: Callable[[], bool],
+    process: subprocess.Popen,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if stopping():
+            return
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}; see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not up after {timeout_s:.0f}s")
+        time.sleep(0.2)

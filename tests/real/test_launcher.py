@@ -1,0 +1,64 @@
+"""``pdserve up`` starts a cluster that answers, and SIGTERM leaves no process behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from cli.ports import free_ports
+from modelstore import tiny_llama
+from tests.real.generation import generate
+
+READY = "ready: OpenAI API at"
+
+
+def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
+    (port,) = free_ports(1)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up", "--model", "tiny", "--prefill", "0",
+         "--decode", "0", "--colocated", "1", "--port", str(port),
+         "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output = _read_until(launcher, "curl -N", timeout_s=400)
+        assert READY in output, output
+
+        result = generate(f"http://127.0.0.1:{port}", "/v1/chat/completions", {
+            "model": tiny_llama.SERVED_NAME, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 8, "stream": True,
+        })  # fmt: skip
+        assert result.status == 200 and result.done and result.text
+
+        family = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(family) >= 3, "router, agent and engine processes must be running"
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=120) == 0
+        # The launcher returns only after SIGKILLing every child's process group.
+        alive = [p for p in family if _alive(p)]
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if marker in line or time.monotonic() > deadline:
+            break
+    return "".join(lines)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

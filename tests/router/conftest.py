@@ -1,0 +1,64 @@
+"""A real router process on a free port, with no engine behind it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from cli.ports import free_ports
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+@dataclass(frozen=True)
+class RouterProcess:
+    url: str
+
+    def admin(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        return httpx.request(method, self.url + path, json=json, headers=headers, timeout=10)
+
+    def register(self, worker_id: str, role: str, model: str, engine_url: str) -> None:
+        worker = {"worker_id": worker_id, "role": role, "model": model, "engine_url": engine_url}
+        assert self.admin("POST", "/admin/workers/register", worker).status_code == 200
+
+
+@pytest.fixture(scope="session")
+def router() -> Iterator[RouterProcess]:
+    (port,) = free_ports(1)
+    env = dict(
+        os.environ,
+        PDSERVE_ADMIN_TOKEN=ADMIN_TOKEN,
+        PDSERVE_MAX_BODY_BYTES="65536",
+        # The router's own probe would take dead test workers out of rotation mid-test.
+        PDSERVE_HEALTH_INTERVAL_S="3600",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "router", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"router did not start: {process.stderr.read().decode()[-2000:]}")
+        time.sleep(0.1)
+    try:
+        yield RouterProcess(url)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)

@@ -1,0 +1,112 @@
+"""Bad input and missing capacity get OpenAI-shaped errors with the right status."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from cli.ports import free_ports
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def post(router, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(router.url + path, timeout=10, **kwargs)
+
+
+def dead_url() -> str:
+    (port,) = free_ports(1)
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({**CHAT, "temperature": 5}, "temperature"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens"),
+        ({**CHAT, "max_tokens": 10**9}, "max_tokens"),
+        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "messages": []}, "messages"),
+        ({"messages": CHAT["messages"]}, "model"),
+        ({**CHAT, "kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+        ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_invalid_fields_are_400_naming_the_field(router, body, param):
+    response = post(router, "/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b""])
+def test_malformed_json_is_400(router, content):
+    response = post(router, "/v1/completions", content=content)
+    assert response.status_code == 400
+    assert error_of(response)["type"] == "invalid_request_error"
+
+
+def test_oversized_body_is_413(router):
+    huge = {"model": "m", "prompt": "x" * 70_000}
+    response = post(router, "/v1/completions", json=huge)
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "body_too_large"
+
+
+def test_unknown_model_is_404(router):
+    response = post(router, "/v1/chat/completions", json={**CHAT, "model": "nobody-serves-this"})
+    assert response.status_code == 404
+    error = error_of(response)
+    assert (error["param"], error["code"]) == ("model", "model_not_found")
+
+
+def test_a_pool_without_decode_is_503_with_retry_after(router):
+    router.register("p-only", "prefill", "half-model", dead_url())
+    response = post(router, "/v1/chat/completions", json={**CHAT, "model": "half-model"})
+    assert response.status_code == 503
+    assert int(response.headers["Retry-After"]) >= 1
+    assert "decode" in error_of(response)["message"]
+
+
+def test_a_worker_that_says_not_ready_gets_no_traffic(router):
+    router.register("p-busy", "prefill", "warming", dead_url())
+    router.register("d-busy", "decode", "warming", dead_url())
+    beat = {"worker_id": "d-busy", "ready": False}
+    assert router.admin("POST", "/admin/workers/heartbeat", beat).status_code == 200
+    response = post(router, "/v1/completions", json={"model": "warming", "prompt": "hi"})
+    assert response.status_code == 503
+
+
+def test_dead_prefill_without_a_spare_is_a_clear_502(router):
+    router.register("p-dead", "prefill", "doomed", dead_url())
+    router.register("d-dead", "decode", "doomed", dead_url())
+    response = post(router, "/v1/completions", json={"model": "doomed", "prompt": "hi"})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "prefill_failed"
+    assert "p-dead" in error["message"]
+    workers = router.admin("GET", "/admin/workers").json()["workers"]
+    assert {w["worker_id"]: w["healthy"] for w in workers}["p-dead"] is False
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "x"}])
+def test_admin_api_requires_the_token(router, headers):
+    response = httpx.get(router.url + "/admin/workers", headers=headers, timeout=10)
+    assert response.status_code == 401
+    assert error_of(response)["type"] == "authentication_error"
+
+
+def test_deregistering_takes_a_worker_and_its_model_away(router):
+    router.register("p-gone", "prefill", "retired", dead_url())
+    assert "retired" in {m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]}
+    assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 200
+    assert "retired" not in {m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]}
+    assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 404

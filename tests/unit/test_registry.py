@@ -1,0 +1,81 @@
+import pytest
+
+from contracts.workers import WorkerHeartbeat, WorkerRegistration, WorkerRole
+from router.registry import RegistryFull, WorkerRegistry
+
+
+def registry(max_workers=8):
+    return WorkerRegistry(heartbeat_timeout_s=10, forget_after_s=60, max_workers=max_workers)
+
+
+def registration(worker_id="p0", role=WorkerRole.PREFILL, incarnation=1):
+    return WorkerRegistration(
+        worker_id=worker_id, role=role, model="m", engine_url="http://e",
+        incarnation=incarnation,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("probes", "healthy"),
+    [
+        ([False], True),
+        ([False, False], True),
+        ([False, False, False], False),
+        ([False, False, True, False, False], True),
+        ([False, False, False, True], True),
+    ],
+)
+def test_a_worker_leaves_rotation_only_after_consecutive_failed_probes(probes, healthy):
+    reg = registry()
+    reg.register(registration(), now_s=0)
+    for passed in probes:
+        reg.record_probe("p0", passed, failures_to_eject=3)
+    assert [w.worker_id for w in reg.eligible("m", WorkerRole.PREFILL, 1)] == (
+        ["p0"] if healthy else []
+    )
+
+
+def test_an_upstream_failure_ejects_at_once_and_a_probe_restores():
+    reg = registry()
+    reg.register(registration(), now_s=0)
+    reg.mark_unhealthy("p0")
+    assert reg.eligible("m", WorkerRole.PREFILL, 1) == []
+    assert reg.record_probe("p0", True, failures_to_eject=3) is True
+    assert len(reg.eligible("m", WorkerRole.PREFILL, 1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("beat", "now_s", "eligible"),
+    [
+        ({"ready": True}, 5, True),
+        ({"ready": True}, 10.5, False),  # heartbeat older than the timeout
+        ({"ready": False}, 5, False),
+        ({"ready": True, "draining": True}, 5, False),
+    ],
+)
+def test_eligibility_follows_the_latest_heartbeat(beat, now_s, eligible):
+    reg = registry()
+    reg.register(registration(), now_s=0)
+    assert reg.heartbeat(WorkerHeartbeat(worker_id="p0", incarnation=1, **beat), now_s=0)
+    assert bool(reg.eligible("m", WorkerRole.PREFILL, now_s)) is eligible
+
+
+def test_heartbeats_from_other_incarnations_are_not_applied():
+    reg = registry()
+    reg.register(registration(incarnation=2), now_s=0)
+    stale = WorkerHeartbeat(worker_id="p0", ready=False, incarnation=1)
+    newer = WorkerHeartbeat(worker_id="p0", ready=True, incarnation=3)
+    assert reg.heartbeat(stale, now_s=1) is True  # ignored
+    assert reg.eligible("m", WorkerRole.PREFILL, 1)
+    assert reg.heartbeat(newer, now_s=1) is False  # must re-register first
+    assert reg.heartbeat(WorkerHeartbeat(worker_id="ghost", ready=True), now_s=1) is False
+
+
+def test_capacity_is_bounded_and_silent_workers_are_forgotten():
+    reg = registry(max_workers=1)
+    reg.register(registration("p0"), now_s=0)
+    with pytest.raises(RegistryFull):
+        reg.register(registration("p1"), now_s=0)
+    reg.register(registration("p0"), now_s=0)  # re-registering is not growth
+    assert reg.forget_silent(now_s=61) == ["p0"]
+    assert reg.workers() == []
