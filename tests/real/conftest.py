@@ -42,7 +42,9 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ready_timeout_s=400,
         heartbeat_interval_s=1.0,
         drain_timeout_s=5.0,
-        router_env={"PDSERVE_HEALTH_INTERVAL_S": "1"},
+        # Three engines on two cores, two of them with NIXL's busy-polling progress
+        # thread: a loaded engine can take seconds to answer /health here.
+        router_env={"PDSERVE_HEALTH_INTERVAL_S": "1", "PDSERVE_HEALTH_TIMEOUT_S": "10"},
     )
     local = LocalCluster(plan)
     try:
