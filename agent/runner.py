@@ -34,6 +34,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ endpoint for KV events")
+    parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
+                        help="vllm, or pdserve's simulator in its place")  # fmt: skip
+    parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for --engine sim")
     parser.add_argument("--log-file", default=None, help="engine log (default: next to cwd)")
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
@@ -61,6 +64,8 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         "block_size": args.block_size,
         "kv_events_endpoint": args.kv_events_endpoint,
         "extra_args": tuple(extra),
+        "engine": args.engine,
+        "sim_profile": args.sim_profile,
     }
 
 

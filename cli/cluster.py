@@ -29,6 +29,12 @@ from cli.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
 
+# Router settings for several real engines sharing a 2-core box. Each P/D engine's
+# NIXL progress thread busy-polls a whole core, so engines, agents and the router
+# are starved for seconds at a time: the production defaults (5 s probe, 10 s
+# heartbeat) would eject healthy workers. Tests and benchmarks on such a box use these.
+CROWDED_BOX_ROUTER_ENV = {"PDSERVE_HEALTH_TIMEOUT_S": "10", "PDSERVE_HEARTBEAT_TIMEOUT_S": "30"}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterPlan:
@@ -50,6 +56,9 @@ class ClusterPlan:
     ready_timeout_s: float = 600.0
     heartbeat_interval_s: float = 2.0
     drain_timeout_s: float = 30.0
+    kv_lease_s: int = 30  # how long producers hold unpulled KV (router's kv_lease_s <= this)
+    engine: str = "vllm"  # or "sim": the simulator in vLLM's place
+    sim_profile: str = "tiny-cpu"
     # Extra router settings as PDSERVE_* environment variables.
     router_env: dict[str, str] = field(default_factory=dict)
 
@@ -137,10 +146,12 @@ class LocalCluster:
             "--ready-timeout-s", str(p.ready_timeout_s),
             "--heartbeat-interval-s", str(p.heartbeat_interval_s),
             "--drain-timeout-s", str(p.drain_timeout_s),
+            "--engine", p.engine, "--sim-profile", p.sim_profile,
             "--log-file", str(self.run_dir / f"{w.name}.engine.log"),
         ]  # fmt: skip
         if w.role != "colocated":
-            argv += ["--side-channel-port", str(w.side_channel_port)]
+            argv += ["--side-channel-port", str(w.side_channel_port),
+                     "--kv-lease-s", str(p.kv_lease_s)]  # fmt: skip
         return argv
 
     def _wait_ready(self, stopping: Callable[[], bool]) -> None:

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache per CPU engine")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
+                        help="sim: GPU-free simulated engines with the same protocol")  # fmt: skip
+    parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for sims")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,6 +54,8 @@ def main(args: argparse.Namespace) -> int:
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
             ready_timeout_s=args.ready_timeout_s,
+            engine=args.engine,
+            sim_profile=args.sim_profile,
         )
     except ValueError as error:
         raise SystemExit(f"pdserve up: {error}") from None

@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     from decode import agent as decode_agent
     from prefill import agent as prefill_agent
     from router import server
+    from sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("prefill", prefill_agent, "run a prefill agent supervising one vLLM (kv_producer)"),
         ("decode", decode_agent, "run a decode agent supervising one vLLM (kv_consumer)"),
         ("colocated", colocated, "run a colocated agent: one plain vLLM, no P/D"),
+        ("sim", sim_cli, "run simulated vLLM servers (GPU-free, calibrated timing)"),
         ("model", model_prep, "prepare a model into ~/.cache/pdserve"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary)

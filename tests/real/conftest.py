@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import ClusterPlan, LocalCluster
+from cli.cluster import CROWDED_BOX_ROUTER_ENV, ClusterPlan, LocalCluster
 from cli.ports import free_ports
 from modelstore import tiny_llama
 
@@ -42,9 +42,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ready_timeout_s=400,
         heartbeat_interval_s=1.0,
         drain_timeout_s=5.0,
-        # Three engines on two cores, two of them with NIXL's busy-polling progress
-        # thread: a loaded engine can take seconds to answer /health here.
-        router_env={"PDSERVE_HEALTH_INTERVAL_S": "1", "PDSERVE_HEALTH_TIMEOUT_S": "10"},
+        router_env={**CROWDED_BOX_ROUTER_ENV, "PDSERVE_HEALTH_INTERVAL_S": "1"},
     )
     local = LocalCluster(plan)
     try:

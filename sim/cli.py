@@ -1,0 +1,65 @@
+"""``pdserve sim``: N simulated vLLM servers in one process, on consecutive ports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+
+from aiohttp import web
+
+from sim.profile import load_profile
+from sim.server import SimConfig, SimServer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (its tokenizer is used)")
+    parser.add_argument("--served-model-name", required=True)
+    parser.add_argument("--role", choices=["colocated", "kv_producer", "kv_consumer"],
+                        default="colocated")  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True, help="first sim's port")
+    parser.add_argument("--count", type=int, default=1, help="sims, on consecutive ports")
+    parser.add_argument("--profile", default="tiny-cpu", help="sim/profiles NAME or a JSON path")
+    parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 1 <= args.count <= 1000:
+        raise SystemExit("--count must be between 1 and 1000")
+    profile = load_profile(args.profile)
+    configs = [
+        SimConfig(
+            model_dir=args.model, served_model_name=args.served_model_name, role=args.role,
+            host=args.host, port=args.port + index, profile=profile, seed=args.seed,
+            kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
+        )
+        for index in range(args.count)
+    ]  # fmt: skip
+    asyncio.run(serve(configs))
+    return 0
+
+
+async def serve(configs: list[SimConfig]) -> None:
+    """Run the sims until SIGTERM or SIGINT."""
+    runners = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for config in configs:
+            runner = web.AppRunner(SimServer(config).app(), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, config.host, config.port).start()
+            runners.append(runner)
+        print(f"sim: {len(configs)} {configs[0].role} sim(s) from port {configs[0].port}",
+              flush=True)  # fmt: skip
+        await stop.wait()
+    finally:
+        for runner in runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()

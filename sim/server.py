@@ -1,0 +1,283 @@
+"""One simulated vLLM server: vLLM's HTTP API over a ``SimEngine``.
+
+Roles follow vLLM's NixlConnector: a ``kv_producer`` answers ``do_remote_decode``
+requests with a handoff in vLLM's ``kv_transfer_params`` shape and holds the
+blocks under a lease; a ``kv_consumer`` given a handoff pulls the blocks from the
+named producer with a real HTTP call (a dead producer is a real failure), waits
+the profile's transfer time, then decodes. Like vLLM's default
+``kv_load_failure_policy=fail``, a failed pull fails the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+from contracts.block_hashing import hash_function, none_hash
+from sim.engine import SimEngine, SimRequest
+from sim.metrics import SimMetrics
+from sim.profile import TimingProfile
+from sim.tokenizer import SimTokenizer, load_tokenizer
+
+SimRole = Literal["colocated", "kv_producer", "kv_consumer"]
+PULL_PATH = "/sim/kv/pull"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    model_dir: str
+    served_model_name: str
+    role: SimRole = "colocated"
+    host: str = "127.0.0.1"
+    port: int
+    profile: TimingProfile
+    seed: int = 0
+    kv_lease_s: float = 30.0
+    hash_algo: str = "sha256"
+    max_model_len: int = 4096
+
+
+class SimServer:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine_id = str(uuid.uuid4())
+        self.tokenizer: SimTokenizer = load_tokenizer(config.model_dir)
+        hash_fn = hash_function(config.hash_algo)
+        self.engine = SimEngine(
+            profile=config.profile,
+            hash_fn=hash_fn,
+            root_hash=none_hash(hash_fn),
+            lease_s=config.kv_lease_s,
+            clock=time.monotonic,
+        )
+        self.metrics = SimMetrics(self.engine, config.served_model_name)
+        self._session: aiohttp.ClientSession | None = None
+        self._engine_task: asyncio.Task | None = None
+
+    def __repr__(self) -> str:
+        return f"SimServer({self.config.role}, port={self.config.port})"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_post(PULL_PATH, self.kv_pull)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._engine_task = asyncio.create_task(self.engine.run())
+
+    async def _stop(self, _: web.Application) -> None:
+        if self._engine_task:
+            self._engine_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._engine_task
+        if self._session:
+            await self._session.close()
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response()
+
+    async def models(self, _: web.Request) -> web.Response:
+        model = {"id": self.config.served_model_name, "object": "model", "owned_by": "pdserve-sim"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain")
+
+    async def kv_pull(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        num_tokens = self.engine.release_lease(str(body.get("remote_request_id")))
+        if num_tokens is None:
+            return _error(404, "no KV held for this request: unknown or its lease expired")
+        return web.json_response({"num_tokens": num_tokens})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            body = await http.json()
+            prompt_ids = self._prompt_ids(body, chat)
+        except (ValueError, KeyError, TypeError) as error:
+            return _error(400, f"invalid request: {error}")
+        if body.get("model") != self.config.served_model_name:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if len(prompt_ids) + max_tokens > self.config.max_model_len:
+            return _error(400, f"prompt plus max_tokens exceeds {self.config.max_model_len}")
+        kv_params = body.get("kv_transfer_params") or {}
+        request = SimRequest(
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            prompt_token_ids=prompt_ids,
+            output_token_ids=self.tokenizer.output_ids(
+                int(body.get("seed") or self.config.seed), prompt_ids, max_tokens
+            ),
+        )
+        if kv_params.get("do_remote_decode") and self.config.role == "kv_producer":
+            request.hold_kv = True
+            request.output_token_ids = request.output_token_ids[:1]
+        if kv_params.get("do_remote_prefill") and self.config.role == "kv_consumer":
+            failure = await self._pull(kv_params, len(prompt_ids))
+            if failure:
+                return _error(500, failure, "InternalServerError")
+            request.kv_pulled = True
+        await asyncio.sleep(self.config.profile.request_overhead_ms / 1000)
+        self.engine.add(request)
+        self.metrics.on_arrival(request)
+        respond = _stream if body.get("stream") else _whole
+        try:
+            return await respond(self, http, body, request, chat)
+        finally:
+            if request.finish_reason is None:
+                self.engine.abort(request)  # the client left: free the slot and blocks
+
+    async def _pull(self, params: dict[str, Any], prompt_tokens: int) -> str | None:
+        """Fetch the prompt's KV from the producer; an error message on failure."""
+        assert self._session is not None
+        url = f"http://{params.get('remote_host')}:{params.get('remote_port')}{PULL_PATH}"
+        started = time.monotonic()
+        try:
+            async with self._session.post(url, json=params) as response:
+                if response.status != 200:
+                    return f"KV transfer failed: producer answered {response.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            return f"KV transfer failed: producer unreachable ({type(error).__name__})"
+        transfer_s = self.config.profile.transfer_s(prompt_tokens)
+        await asyncio.sleep(max(0.0, transfer_s - (time.monotonic() - started)))
+        self.metrics.on_transfer(transfer_s)
+        return None
+
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if chat:
+            return self.tokenizer.encode(self.tokenizer.render_chat(body["messages"]))
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise ValueError("prompt must be a string or a list of token ids")
+
+    def handoff(self, request: SimRequest) -> dict[str, Any]:
+        """vLLM's kv_transfer_params for a held request."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [[b.block_id for b in request.blocks]] if request.blocks else [[0]],
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": request.request_id,
+            "remote_host": self.config.host,
+            "remote_port": self.config.port,
+            "tp_size": 1,
+            "remote_num_tokens": len(request.prompt_token_ids),
+            "transfer_mode": "pull",
+        }
+
+
+async def _tokens(request: SimRequest) -> AsyncIterator[int]:
+    while (token := await request.tokens.get()) is not None:
+        yield token
+
+
+async def _whole(
+    server: SimServer, http: web.Request, body: dict, request: SimRequest, chat: bool
+) -> web.Response:
+    ids = [token async for token in _tokens(request)]
+    held = server.engine.leases.get(request.request_id)
+    text = "".join(server.tokenizer.decode_one(t) for t in ids)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": request.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    if body.get("return_token_ids"):
+        choice["token_ids"] = ids
+    payload = _envelope(server, request, chat, [choice])
+    payload["usage"] = _usage(request)
+    if held is not None:
+        request.blocks = held.blocks  # only to name the block ids in the handoff
+        payload["kv_transfer_params"] = server.handoff(request)
+        request.blocks = []
+    server.metrics.on_finished(request)
+    return web.json_response(payload)
+
+
+async def _stream(
+    server: SimServer, http: web.Request, body: dict, request: SimRequest, chat: bool
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(http)
+    first = True
+    async for token in _tokens(request):
+        text = server.tokenizer.decode_one(token)
+        if chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": None}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = [token]
+        if request.finish_reason is not None and request.tokens.qsize() == 1:
+            choice["finish_reason"] = request.finish_reason  # only the end marker is left
+        server.metrics.on_token(request, first)
+        first = False
+        await _send(response, _envelope(server, request, chat, [choice], chunk=True))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage_chunk = _envelope(server, request, chat, [], chunk=True)
+        usage_chunk["usage"] = _usage(request)
+        await _send(response, usage_chunk)
+    await response.write(b"data: [DONE]\n\n")
+    server.metrics.on_finished(request)
+    return response
+
+
+async def _send(response: web.StreamResponse, payload: dict) -> None:
+    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+
+def _envelope(
+    server: SimServer, request: SimRequest, chat: bool, choices: list, *, chunk: bool = False
+) -> dict:
+    # vLLM's names: chat chunks have their own object type; completion chunks do not.
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {
+        "id": request.request_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": server.config.served_model_name,
+        "choices": choices,
+    }
+
+
+def _usage(request: SimRequest) -> dict[str, int]:
+    prompt = len(request.prompt_token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": request.generated,
+        "total_tokens": prompt + request.generated,
+    }
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    error = {"message": message, "type": kind, "param": None, "code": status}
+    return web.json_response({"error": error}, status=status)
