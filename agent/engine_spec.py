@@ -104,6 +104,8 @@ class EngineSpec:
             args += ["--kv-lease-s", str(self.transport.kv_lease_s)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.kv_events_endpoint:
+            args += ["--kv-events-endpoint", self.kv_events_endpoint]
         return args
 
     def env(self, base: dict[str, str]) -> dict[str, str]:

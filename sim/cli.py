@@ -24,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="tiny-cpu", help="sim/profiles NAME or a JSON path")
     parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ endpoint for KV events (tcp://*:PORT binds; +1 per extra sim)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
 
 
@@ -36,11 +41,20 @@ def main(args: argparse.Namespace) -> int:
             model_dir=args.model, served_model_name=args.served_model_name, role=args.role,
             host=args.host, port=args.port + index, profile=profile, seed=args.seed,
             kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
+            kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
         )
         for index in range(args.count)
     ]  # fmt: skip
     asyncio.run(serve(configs))
     return 0
+
+
+def _nth_endpoint(endpoint: str | None, index: int) -> str | None:
+    """Sims in one process publish on consecutive ports."""
+    if endpoint is None or index == 0:
+        return endpoint
+    base, _, port = endpoint.rpartition(":")
+    return f"{base}:{int(port) + index}"
 
 
 async def serve(configs: list[SimConfig]) -> None:

@@ -85,6 +85,8 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.leases: dict[str, Lease] = {}
         self._wakeup = asyncio.Event()
+        # Where KV events go after each step (a ZMQ publisher, or nowhere).
+        self.publish_events: Callable[[list], None] = lambda events: None
 
     def __repr__(self) -> str:
         return f"SimEngine(running={len(self.running)}, waiting={len(self.waiting)})"
@@ -137,6 +139,7 @@ class SimEngine:
             )
             await asyncio.sleep(step_s * self.slowdown)
             self._complete(prefill_chunks, decoding)
+            self.publish_events(self.pool.take_events())
 
     def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
         budget = self.profile.max_num_batched_tokens
@@ -248,3 +251,4 @@ class SimEngine:
         now = self._clock()
         for request_id in [r for r, lease in self.leases.items() if lease.expires_s <= now]:
             self.pool.free(self.leases.pop(request_id).blocks)
+        self.publish_events(self.pool.take_events())

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from contracts.block_hashing import hash_function, none_hash
 from sim.engine import SimEngine, SimRequest
+from sim.kv_events import KVEventPublisher
 from sim.metrics import SimMetrics
 from sim.profile import TimingProfile
 from sim.tokenizer import SimTokenizer, load_tokenizer
@@ -44,6 +45,7 @@ class SimConfig:
     kv_lease_s: float = 30.0
     hash_algo: str = "sha256"
     max_model_len: int = 4096
+    kv_events_endpoint: str | None = None
 
 
 class SimServer:
@@ -62,6 +64,7 @@ class SimServer:
         self.metrics = SimMetrics(self.engine, config.served_model_name)
         self._session: aiohttp.ClientSession | None = None
         self._engine_task: asyncio.Task | None = None
+        self._publisher: KVEventPublisher | None = None
 
     def __repr__(self) -> str:
         return f"SimServer({self.config.role}, port={self.config.port})"
@@ -80,6 +83,9 @@ class SimServer:
 
     async def _start(self, _: web.Application) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        if self.config.kv_events_endpoint:
+            self._publisher = KVEventPublisher(self.config.kv_events_endpoint)
+            self.engine.publish_events = self._publisher.publish
         self._engine_task = asyncio.create_task(self.engine.run())
 
     async def _stop(self, _: web.Application) -> None:
@@ -89,6 +95,8 @@ class SimServer:
                 await self._engine_task
         if self._session:
             await self._session.close()
+        if self._publisher:
+            self._publisher.close()
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response()

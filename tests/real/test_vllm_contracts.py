@@ -1,0 +1,42 @@
+"""Our shared contracts against vLLM's own code (imports vLLM, starts no engine)."""
+
+from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
+from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
+from sim.kv_events import encode_batch
+
+
+def test_hash_chain_equals_vllms():
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+
+    kv_cache_utils.init_none_hash(sha256)
+    tokens = list(range(1000, 1000 + 3 * 16 + 5))
+    theirs, parent = [], None
+    for start in range(0, 48, 16):
+        parent = kv_cache_utils.hash_block_tokens(sha256, parent, tokens[start : start + 16])
+        theirs.append(bytes(parent))
+    assert block_hashes(tokens, 16, sha256_pickle, none_hash(sha256_pickle)) == theirs
+
+
+def test_sim_kv_events_decode_with_vllms_own_types():
+    import msgspec
+    from vllm.distributed import kv_events as vllm_events
+
+    first, second = block_hashes(list(range(32)), 16, sha256_pickle, none_hash(sha256_pickle))
+    ours = [
+        BlockStored((first, second), None, tuple(range(32)), 16),
+        BlockRemoved((second,)),
+        AllBlocksCleared(),
+    ]
+    batch = msgspec.msgpack.Decoder(type=vllm_events.KVEventBatch).decode(
+        encode_batch(ours, ts=12.5)
+    )
+    stored, removed, cleared = batch.events
+    assert batch.ts == 12.5
+    assert isinstance(stored, vllm_events.BlockStored)
+    assert stored.block_hashes == [external_block_hash(first), external_block_hash(second)]
+    assert stored.parent_block_hash is None
+    assert stored.token_ids == list(range(32)) and stored.block_size == 16
+    assert isinstance(removed, vllm_events.BlockRemoved)
+    assert removed.block_hashes == [external_block_hash(second)]
+    assert isinstance(cleared, vllm_events.AllBlocksCleared)
