@@ -125,7 +125,7 @@ class LocalCluster:
             self.plan.router_env,
         )
         _wait_until(
-            lambda: _http_ok(self.router_url + "/health"), 30, "router", stopping, self.router
+            lambda: _http_ok(self.router_url + "/health"), 120, "router", stopping, self.router
         )
         self._say(
             f"[2/3] {len(self.workers)} worker(s): "

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 
 from aiohttp import web
 
+from sim.faults import SimFaults
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
 
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ZMQ endpoint for KV events (tcp://*:PORT binds; +1 per extra sim)",
     )
+    parser.add_argument("--faults", default="{}", help='start with faults, e.g. {"slowdown": 2}')
     parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
 
 
@@ -36,12 +39,18 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.count <= 1000:
         raise SystemExit("--count must be between 1 and 1000")
     profile = load_profile(args.profile)
+    try:
+        faults = SimFaults.model_validate_json(args.faults)
+    except ValueError as error:
+        raise SystemExit(f"--faults: {error}") from None
+    admin_token = os.environ.get("PDSERVE_ADMIN_TOKEN") or None
     configs = [
         SimConfig(
             model_dir=args.model, served_model_name=args.served_model_name, role=args.role,
             host=args.host, port=args.port + index, profile=profile, seed=args.seed,
             kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
             kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
+            faults=faults, admin_token=admin_token,
         )
         for index in range(args.count)
     ]  # fmt: skip

@@ -87,6 +87,8 @@ class SimEngine:
         self._wakeup = asyncio.Event()
         # Where KV events go after each step (a ZMQ publisher, or nowhere).
         self.publish_events: Callable[[list], None] = lambda events: None
+        self.gate = asyncio.Event()  # cleared: the engine hangs before its next step
+        self.gate.set()
 
     def __repr__(self) -> str:
         return f"SimEngine(running={len(self.running)}, waiting={len(self.waiting)})"
@@ -116,6 +118,7 @@ class SimEngine:
 
     async def run(self) -> None:
         while True:
+            await self.gate.wait()
             self._reap_leases()
             if not self.running and not self.waiting:
                 self._wakeup.clear()

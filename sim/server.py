@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
+import os
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
+from pydantic import ValidationError
 
 from contracts.block_hashing import hash_function, none_hash
 from sim.engine import SimEngine, SimRequest
+from sim.faults import SimFaults
 from sim.kv_events import KVEventPublisher
 from sim.metrics import SimMetrics
 from sim.profile import TimingProfile
@@ -31,6 +36,7 @@ from sim.tokenizer import SimTokenizer, load_tokenizer
 
 SimRole = Literal["colocated", "kv_producer", "kv_consumer"]
 PULL_PATH = "/sim/kv/pull"
+FAULTS_PATH = "/sim/faults"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +52,9 @@ class SimConfig:
     hash_algo: str = "sha256"
     max_model_len: int = 4096
     kv_events_endpoint: str | None = None
+    faults: SimFaults = field(default_factory=SimFaults)
+    # Bearer token for /sim/faults; agents pass theirs down. None: loopback trust.
+    admin_token: str | None = None
 
 
 class SimServer:
@@ -65,6 +74,11 @@ class SimServer:
         self._session: aiohttp.ClientSession | None = None
         self._engine_task: asyncio.Task | None = None
         self._publisher: KVEventPublisher | None = None
+        self.faults = config.faults.model_copy()
+        self._running = asyncio.Event()  # cleared while hung
+        self._running.set()
+        self.engine.slowdown = self.faults.slowdown
+        self.engine.gate = self._running
 
     def __repr__(self) -> str:
         return f"SimServer({self.config.role}, port={self.config.port})"
@@ -77,6 +91,8 @@ class SimServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_post(PULL_PATH, self.kv_pull)
+        app.router.add_get(FAULTS_PATH, self.get_faults)
+        app.router.add_post(FAULTS_PATH, self.set_faults)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -85,7 +101,7 @@ class SimServer:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         if self.config.kv_events_endpoint:
             self._publisher = KVEventPublisher(self.config.kv_events_endpoint)
-            self.engine.publish_events = self._publisher.publish
+            self.engine.publish_events = self._publish_events
         self._engine_task = asyncio.create_task(self.engine.run())
 
     async def _stop(self, _: web.Application) -> None:
@@ -99,7 +115,46 @@ class SimServer:
             self._publisher.close()
 
     async def health(self, _: web.Request) -> web.Response:
+        await self._running.wait()  # a hung engine never answers
         return web.Response()
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(401, "missing or invalid admin token", "AuthenticationError")
+        return web.json_response(self.faults.model_dump())
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        """Merge the given fault fields into the current ones; refuse the whole update if bad."""
+        if not self._authorized(request):
+            return _error(401, "missing or invalid admin token", "AuthenticationError")
+        try:
+            update = await request.json()
+            faults = SimFaults.model_validate({**self.faults.model_dump(), **update})
+        except (ValueError, TypeError, ValidationError) as error:
+            return _error(400, f"invalid faults: {error}")
+        self.faults = faults
+        self.engine.slowdown = faults.slowdown
+        if faults.hang:
+            self._running.clear()
+        else:
+            self._running.set()
+        if faults.crash:
+            os._exit(70)  # no cleanup, like a real crash; connections drop mid-stream
+        return web.json_response(faults.model_dump())
+
+    def _authorized(self, request: web.Request) -> bool:
+        if not self.config.admin_token:
+            return True
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.encode(), self.config.admin_token.encode()
+        )
+
+    def _publish_events(self, events: list) -> None:
+        assert self._publisher is not None
+        if events and random.random() < self.faults.kv_event_drop_probability:
+            return
+        self._publisher.publish(events)
 
     async def models(self, _: web.Request) -> web.Response:
         model = {"id": self.config.served_model_name, "object": "model", "owned_by": "pdserve-sim"}
@@ -161,6 +216,8 @@ class SimServer:
     async def _pull(self, params: dict[str, Any], prompt_tokens: int) -> str | None:
         """Fetch the prompt's KV from the producer; an error message on failure."""
         assert self._session is not None
+        if random.random() < self.faults.transfer_failure_probability:
+            return "KV transfer failed: injected fault"
         url = f"http://{params.get('remote_host')}:{params.get('remote_port')}{PULL_PATH}"
         started = time.monotonic()
         try:

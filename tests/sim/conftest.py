@@ -31,7 +31,11 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         drain_timeout_s=2,
         engine="sim",
         kv_lease_s=6,  # the shortest NixlConnector allows: the lease test waits it out
-        router_env={"PDSERVE_HEALTH_INTERVAL_S": "0.5", "PDSERVE_KV_LEASE_S": "6"},
+        router_env={
+            "PDSERVE_HEALTH_INTERVAL_S": "0.5",
+            "PDSERVE_HEALTH_TIMEOUT_S": "1",  # so the hang test ejects in seconds
+            "PDSERVE_KV_LEASE_S": "6",
+        },
     )
     cluster = LocalCluster(plan)
     try:

@@ -115,3 +115,52 @@ def test_a_crashed_decode_ends_the_stream_with_an_error_then_the_cluster_heals(s
     again = generate(sim_cluster.router_url, "/v1/completions",
                      {"model": MODEL, "prompt": "after", "max_tokens": 4})  # fmt: skip
     assert again.status == 200
+
+
+def set_faults(cluster, worker: str, **faults) -> httpx.Response:
+    return httpx.post(
+        cluster.worker(worker).engine_url + "/sim/faults",
+        json=faults,
+        headers={"Authorization": f"Bearer {cluster.admin_token}"},
+    )
+
+
+def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster):
+    url = sim_cluster.worker("decode-1").engine_url + "/sim/faults"
+    assert httpx.post(url, json={"slowdown": 2}).status_code == 401
+    refused = set_faults(sim_cluster, "decode-1", slowdown=2, transfer_failure_probability=3)
+    assert refused.status_code == 400
+    current = httpx.get(url, headers={"Authorization": f"Bearer {sim_cluster.admin_token}"})
+    assert current.json()["slowdown"] == 1.0, "a refused update changes nothing"
+
+
+def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
+    assert set_faults(sim_cluster, "decode-0", transfer_failure_probability=1).status_code == 200
+    try:
+        statuses = {
+            generate(sim_cluster.router_url, "/v1/completions",
+                     {"model": MODEL, "prompt": f"p{i}", "max_tokens": 2}).status
+            for i in range(4)
+        }  # fmt: skip
+        assert statuses == {200}
+        samples = scrape(sim_cluster.router_url + "/metrics")
+        failures = total(samples, "pdserve_upstream_failures_total", role="decode", kind="http_500")
+        assert failures >= 1, "round-robin sent some requests to the failing decode first"
+    finally:
+        set_faults(sim_cluster, "decode-0", transfer_failure_probability=0)
+
+
+def test_a_hung_decode_leaves_rotation_and_returns_when_it_recovers(sim_cluster):
+    eligible = lambda: sim_cluster.worker_status()["decode-1"]["eligible"]  # noqa: E731
+    assert set_faults(sim_cluster, "decode-1", hang=True).status_code == 200
+    try:
+        wait_for(lambda: not eligible(), 30, "the router to eject the hung decode")
+        statuses = {
+            generate(sim_cluster.router_url, "/v1/completions",
+                     {"model": MODEL, "prompt": f"h{i}", "max_tokens": 2}).status
+            for i in range(4)
+        }  # fmt: skip
+        assert statuses == {200}, "traffic avoids the hung decode"
+    finally:
+        set_faults(sim_cluster, "decode-1", hang=False)
+    wait_for(eligible, 30, "the recovered decode to return")
