@@ -200,10 +200,18 @@ def plot(samples: list[Sample], path: Path) -> None:
         data = [[s.ttft_ms for s in samples if s.prompt == size and s.mode == m] for m in MODES]
         axis.boxplot(data, tick_labels=MODES, showfliers=True)
         axis.set_title(f"TTFT, {size} prompt ({PROMPT_WORDS[size]} words)")
-        axis.set_ylabel("ms")
+        axis.set_ylabel("ms (log scale)")
+        axis.set_yscale("log")
         axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+def write_reports(out: Path, samples: list[Sample], command: str, requests: int) -> None:
+    report = table(summarise(samples), command, requests)
+    (out / "pd_overhead.md").write_text(report)
+    plot(samples, out / "pd_overhead.png")
+    print(report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,9 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=30, help="measured requests per mode")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the table and plot from OUT/pd_overhead.json")  # fmt: skip
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        saved = json.loads((out / "pd_overhead.json").read_text())
+        samples = [Sample(**s) for s in saved["samples"]]
+        write_reports(out, samples, saved["command"], saved["requests_per_mode"])
+        return 0
     (port,) = free_ports(1)
     run_dir = Path(tempfile.mkdtemp(prefix="pdserve-bench-"))
     plan = ClusterPlan(
@@ -228,17 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         samples = asyncio.run(measure(cluster, args.requests, args.warmup))
     finally:
         cluster.stop()
-    command = "python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])
-    summary = summarise(samples)
+    command = ("python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])).strip()
     (out / "pd_overhead.json").write_text(json.dumps({
-        "command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,
-        "summary": summary, "samples": [asdict(s) for s in samples],
+        "summary": summarise(samples), "samples": [asdict(s) for s in samples],
     }, indent=2))  # fmt: skip
-    report = table(summary, command.strip(), args.requests)
-    (out / "pd_overhead.md").write_text(report)
-    plot(samples, out / "pd_overhead.png")
-    print(report)
+    write_reports(out, samples, command, args.requests)
     return 0
 
 

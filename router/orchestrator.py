@@ -168,7 +168,7 @@ class Orchestrator:
             tried.add(worker.worker_id)
             try:
                 if call.stream:
-                    return await self._stream(call, worker, body, mode)
+                    return await self._stream(call, worker, body, mode, handoff)
                 return await self._complete(call, worker, body, mode)
             except EngineUnreachable as error:
                 self._worker_failed(worker, "unreachable")
@@ -203,12 +203,24 @@ class Orchestrator:
         return Response(content=payload, media_type="application/json")
 
     async def _stream(
-        self, call: GenerationCall, worker: WorkerState, body: bytes, mode: str
+        self,
+        call: GenerationCall,
+        worker: WorkerState,
+        body: bytes,
+        mode: str,
+        handoff: KVHandoff | None,
     ) -> StreamingResponse:
+        first_byte_timeout_s = self._settings.first_token_timeout_s
+        if handoff is not None:
+            # A decode that has not produced its first token when the producer's lease
+            # ends may pull blocks that were already reused (vLLM then logs "potentially
+            # invalid KV blocks"): fail it rather than relay output from garbage KV.
+            lease_left_s = self._settings.kv_lease_s - (self._clock() - handoff.issued_at_s)
+            first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
         response, first = await self._upstream.open_stream(
             worker.engine_url + call.path,
             body,
-            first_byte_timeout_s=self._settings.first_token_timeout_s,
+            first_byte_timeout_s=first_byte_timeout_s,
             idle_timeout_s=self._settings.stream_idle_timeout_s,
         )
         itl = self._metrics.itl.labels(call.model)

@@ -164,3 +164,21 @@ def test_a_hung_decode_leaves_rotation_and_returns_when_it_recovers(sim_cluster)
     finally:
         set_faults(sim_cluster, "decode-1", hang=False)
     wait_for(eligible, 30, "the recovered decode to return")
+
+
+def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(sim_cluster):
+    """Past the producer's lease the blocks may be reused: the router must not relay output."""
+    decodes = [w.name for w in sim_cluster.workers if w.role == "decode"]
+    for name in decodes:
+        # A tiny-cpu step takes ~4 ms; x2000 makes the first token arrive after the 6 s lease.
+        assert set_faults(sim_cluster, name, slowdown=2000).status_code == 200
+    try:
+        body = {"model": MODEL, "prompt": "slow", "max_tokens": 2, "stream": True}
+        result = generate(sim_cluster.router_url, "/v1/completions", body)
+        assert result.status in (502, 504) and not result.text
+        assert "first byte" in result.body["error"]["message"]
+    finally:
+        for name in decodes:
+            set_faults(sim_cluster, name, slowdown=1)
+    for name in decodes:
+        wait_for(lambda n=name: sim_cluster.worker_status()[n]["eligible"], 30, f"{name} back")
