@@ -15,13 +15,13 @@ run: setup
 
 ## Lint, then every test tier: fast (no vLLM) and real (vLLM CPU + tiny model).
 test: setup lint
-	$(BIN)/pytest -v tests
+	$(BIN)/pytest -v
 
 test-fast: setup
-	$(BIN)/pytest -v -m "not vllm" tests
+	$(BIN)/pytest -v -m "not vllm"
 
 test-real: setup
-	$(BIN)/pytest -v -m vllm tests
+	$(BIN)/pytest -v -m vllm
 
 lint:
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,7 @@ MODES = ("direct", "router", "router_pd", "raw_pd")
 PROMPT_WORDS = {"short": 50, "long": 400}
 MAX_TOKENS = 16
 COLOCATED_NAME = "tiny-llama-colocated"
+REQUEST_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class Sample:
     prompt: str
     ttft_ms: float
     e2e_ms: float
+    error: str | None = None  # failed requests count, they are not timed
 
 
 def make_prompt(nonce: str, words: int) -> str:
@@ -98,7 +101,9 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
     }
     samples: list[Sample] = []
     rounds = warmup + requests
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as session:
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=16)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await warm_up(session, cluster.router_url)
         for size, words in PROMPT_WORDS.items():
             for index in range(rounds):
@@ -110,14 +115,18 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
                         "ignore_eos": True,
                         "stream": True,
                     }
-                    if mode == "raw_pd":
-                        body["model"] = tiny_llama.SERVED_NAME
-                        ttft_s, e2e_s = await raw_two_call(session, prefill, decode, body)
-                    else:
-                        url, body["model"] = single_call[mode]
-                        ttft_s, e2e_s = await stream_timing(session, url, body)
+                    try:
+                        if mode == "raw_pd":
+                            body["model"] = tiny_llama.SERVED_NAME
+                            ttft_s, e2e_s = await raw_two_call(session, prefill, decode, body)
+                        else:
+                            url, body["model"] = single_call[mode]
+                            ttft_s, e2e_s = await stream_timing(session, url, body)
+                        sample = Sample(mode, size, ttft_s * 1000, e2e_s * 1000)
+                    except (RuntimeError, KeyError, aiohttp.ClientError, TimeoutError) as error:
+                        sample = Sample(mode, size, math.nan, math.nan, error=str(error)[:300])
                     if index >= warmup:
-                        samples.append(Sample(mode, size, ttft_s * 1000, e2e_s * 1000))
+                        samples.append(sample)
                 if (index + 1) % 5 == 0 or index + 1 == rounds:
                     print(f"bench: {size} prompts, {index + 1}/{rounds} rounds", flush=True)
     return samples
@@ -150,8 +159,13 @@ def summarise(samples: list[Sample]) -> dict:
     for size in PROMPT_WORDS:
         summary[size] = {}
         for mode in MODES:
-            chosen = [s for s in samples if s.prompt == size and s.mode == mode]
+            tried = [s for s in samples if s.prompt == size and s.mode == mode]
+            chosen = [s for s in tried if s.error is None] or [
+                Sample(mode, size, math.nan, math.nan)
+            ]
             summary[size][mode] = {
+                "failed": sum(1 for s in tried if s.error is not None),
+            } | {
                 metric: {
                     "p50": percentile([getattr(s, metric) for s in chosen], 0.5),
                     "p90": percentile([getattr(s, metric) for s in chosen], 0.9),
@@ -173,13 +187,15 @@ def table(summary: dict, command: str, requests: int) -> str:
         "# P/D overhead (tiny model, CPU)", "", f"Command: `{command}`", "",
         f"{requests} streamed completions per mode and prompt size, {MAX_TOKENS} output tokens, "
         "modes interleaved. Milliseconds.", "",
-        "| prompt | mode | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 |", "|---|---|---|---|---|---|",
+        "| prompt | mode | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 | failed |",
+        "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for size in PROMPT_WORDS:
         for mode in MODES:
             ttft, e2e = summary[size][mode]["ttft_ms"], summary[size][mode]["e2e_ms"]
             lines.append(f"| {size} ({PROMPT_WORDS[size]} words) | {mode} | {ttft['p50']:.1f} | "
-                         f"{ttft['p90']:.1f} | {e2e['p50']:.1f} | {e2e['p90']:.1f} |")  # fmt: skip
+                         f"{ttft['p90']:.1f} | {e2e['p50']:.1f} | {e2e['p90']:.1f} | "
+                         f"{summary[size][mode]['failed']} |")  # fmt: skip
     lines += ["", "| prompt | router added (b-a) | disaggregation (c-b) | router on P/D (c-d) |",
               "|---|---|---|---|"]  # fmt: skip
     for size in PROMPT_WORDS:
@@ -197,7 +213,8 @@ def plot(samples: list[Sample], path: Path) -> None:
 
     figure, axes = plt.subplots(1, len(PROMPT_WORDS), figsize=(11, 4), sharey=False)
     for axis, size in zip(axes, PROMPT_WORDS, strict=True):
-        data = [[s.ttft_ms for s in samples if s.prompt == size and s.mode == m] for m in MODES]
+        data = [[s.ttft_ms for s in samples if s.prompt == size and s.mode == m and not s.error]
+                for m in MODES]  # fmt: skip
         axis.boxplot(data, tick_labels=MODES, showfliers=True)
         axis.set_title(f"TTFT, {size} prompt ({PROMPT_WORDS[size]} words)")
         axis.set_ylabel("ms (log scale)")
