@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SimFaults(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    slowdown: float = Field(1.0, gt=0, le=1000, description="Multiply every engine step's time.")
+    slowdown: float = Field(1.0, gt=0, le=10_000, description="Multiply every engine step's time.")
     hang: bool = Field(False, description="Stop stepping and stop answering /health.")
     crash: bool = Field(False, description="Die now, as if SIGKILLed (the agent restarts it).")
     transfer_failure_probability: float = Field(
