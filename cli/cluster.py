@@ -211,11 +211,6 @@ class LocalCluster:
     def router_alive(self) -> bool:
         return self.router is not None and self.router.poll() is None
 
-    def process_groups(self) -> list[int]:
-        """Process-group ids of every child (each child leads its own session)."""
-        children = [self.router, *self.agents.values()]
-        return [child.pid for child in children if child is not None]
-
     def stop(self) -> None:
         for agent in self.agents.values():
             _signal_group(agent, signal.SIGTERM)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.generation import generate
 from tests.promtext import scrape, total
 from tests.real.conftest import COLOCATED_MODEL, MODEL
-from tests.real.generation import generate
 
 COMPLETION_PROMPTS = [
     "def fibonacci(n):",

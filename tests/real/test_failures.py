@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 
 import httpx
 import openai
 import pytest
 
 from cli.ports import free_ports
+from tests.conditions import wait_for
+from tests.generation import generate
 from tests.promtext import scrape, total
 from tests.real.conftest import MODEL
-from tests.real.generation import generate
 
 LONG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_failed_prefill_is_retried_on_another_prefill_worker(cluster, router_url):

@@ -11,7 +11,7 @@ import psutil
 
 from cli.ports import free_ports
 from modelstore import tiny_llama
-from tests.real.generation import generate
+from tests.generation import generate
 
 READY = "ready: OpenAI API at"
 

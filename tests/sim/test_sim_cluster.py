@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import openai
 import pytest
 
+from tests.conditions import wait_for
+from tests.generation import generate
 from tests.promtext import scrape, total
-from tests.real.generation import generate
 from tests.sim.conftest import COLOCATED_MODEL, MODEL
 
 CASES = [
@@ -19,14 +19,6 @@ CASES = [
     ("/v1/completions", {"prompt": "import os\n" * 200}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2+2?"}]}),
 ]
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
