@@ -211,7 +211,7 @@ class Orchestrator:
         handoff: KVHandoff | None,
     ) -> StreamingResponse:
         first_byte_timeout_s = self._settings.first_token_timeout_s
-        if handoff is not None:
+        if handoff is not None and self._settings.kv_lease_guard:
             # A decode that has not produced its first token when the producer's lease
             # ends may pull blocks that were already reused (vLLM then logs "potentially
             # invalid KV blocks"): fail it rather than relay output from garbage KV.

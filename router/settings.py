@@ -52,6 +52,12 @@ class RouterSettings(BaseModel):
         description="Handoff lease; must not exceed the workers' --kv-lease-s. "
         "An older handoff is re-prefilled, never forwarded.",
     )
+    kv_lease_guard: bool = Field(
+        True,
+        description="Fail a streamed decode whose first token misses the KV lease, since "
+        "vLLM may then read reused blocks. Off only where decodes routinely start late "
+        "(a starved test box), so that slow is not mistaken for broken.",
+    )
     heartbeat_timeout_s: float = Field(
         10.0, gt=0, description="A worker silent this long is out of rotation."
     )
