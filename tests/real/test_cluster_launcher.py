@@ -1,4 +1,8 @@
-"""``pdserve up`` starts a cluster that answers, and SIGTERM leaves no process behind."""
+"""``pdserve up`` starts a cluster that answers, and SIGTERM leaves no process behind.
+
+The file name sorts before every test that uses the session cluster, so this runs
+first: next to three busy vLLM engines on two cores, a fourth took over 6 minutes.
+"""
 
 from __future__ import annotations
 
