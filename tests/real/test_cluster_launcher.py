@@ -6,6 +6,7 @@ first: next to three busy vLLM engines on two cores, a fourth took over 6 minute
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
         assert alive == [], [p.cmdline() for p in alive]
     finally:
         if launcher.poll() is None:
+            # A failed test must not leave engines behind: kill the whole tree.
+            for process in [*psutil.Process(launcher.pid).children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
             launcher.kill()
             launcher.wait()
 
