@@ -8,11 +8,13 @@ _GAUGES = {
     "vllm:num_requests_running": "num_requests_running",
     "vllm:num_requests_waiting": "num_requests_waiting",
     "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
 }
 
 
 def parse_load(metrics_text: str) -> WorkerLoad:
-    """Sum vLLM's load gauges over engines (data-parallel ranks show as labels).
+    """Sum vLLM's load gauges and prefix-cache counters over engines (DP ranks are labels).
 
     A line scan, not a full Prometheus parse: vLLM's exposition is hundreds of
     lines and this runs every heartbeat.

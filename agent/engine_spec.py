@@ -7,14 +7,19 @@ knobs are ``--gpu-memory-utilization`` and ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from kvtransfer.transport import NixlTransport
 
 Device = Literal["cpu", "cuda"]
+# vLLM's default --block-size per platform; pdserve always passes one explicitly so
+# that the router hashes prompts with the block size the engine really uses.
+DEFAULT_BLOCK_SIZE: dict[str, int] = {"cpu": 128, "cuda": 16}
 EngineKind = Literal["vllm", "sim"]
 
 
@@ -54,6 +59,32 @@ class EngineSpec:
         if self.block_size is not None and self.device == "cpu" and self.block_size % 32:
             raise ValueError("on CPU, vLLM's block_size must be a multiple of 32")
 
+    def resolved_block_size(self) -> int:
+        if self.block_size:
+            return self.block_size
+        if self.engine == "sim":
+            from sim.profile import load_profile
+
+            return load_profile(self.sim_profile).block_size_tokens
+        return DEFAULT_BLOCK_SIZE[self.device]
+
+    def kv_capacity_tokens(self) -> int | None:
+        """How many tokens of KV the engine holds (the router sizes its approximate index by it)."""
+        if self.engine == "sim":
+            from sim.profile import load_profile
+
+            return load_profile(self.sim_profile).kv_capacity_tokens
+        if self.device != "cpu":
+            return None  # set by vLLM's memory profiling; not known before it runs
+        bytes_per_token = kv_bytes_per_token(Path(self.model_path))
+        return None if bytes_per_token is None else self.kv_cache_gib * 2**30 // bytes_per_token
+
+    def kv_events_subscribe_endpoint(self) -> str | None:
+        """The engine binds ``tcp://*:PORT``; subscribers connect to its host."""
+        if not self.kv_events_endpoint:
+            return None
+        return self.kv_events_endpoint.replace("*", self.host).replace("0.0.0.0", self.host)
+
     def argv(self) -> list[str]:
         if self.engine == "sim":
             return self._sim_argv()
@@ -80,8 +111,7 @@ class EngineSpec:
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
-        if self.block_size:
-            args += ["--block-size", str(self.block_size)]
+        args += ["--block-size", str(self.resolved_block_size())]
         if self.transport:
             args += ["--kv-transfer-config", self.transport.kv_transfer_config()]
         if self.kv_events_endpoint:
@@ -104,6 +134,8 @@ class EngineSpec:
             args += ["--kv-lease-s", str(self.transport.kv_lease_s)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.block_size:
+            args += ["--block-size", str(self.block_size)]
         if self.kv_events_endpoint:
             args += ["--kv-events-endpoint", self.kv_events_endpoint]
         return args
@@ -125,3 +157,15 @@ class EngineSpec:
         if self.transport:
             env.update(self.transport.env())
         return env
+
+
+def kv_bytes_per_token(model_dir: Path) -> int | None:
+    """K and V for every layer, from the model's config.json (16-bit weights assumed)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads", heads)
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 2
+    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None

@@ -97,7 +97,10 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         role=role,
         model=spec.served_model_name,
         engine_url=f"http://{spec.host}:{spec.port}",
-        kv_events_endpoint=spec.kv_events_endpoint,
+        kv_events_endpoint=spec.kv_events_subscribe_endpoint(),
+        block_size=spec.resolved_block_size(),
+        tokenizer_path=str(Path(spec.model_path).resolve()),
+        kv_capacity_tokens=spec.kv_capacity_tokens(),
     )
     log_path = Path(args.log_file or f"{worker_id}.engine.log")
     asyncio.run(_main(spec, registration, args, token, log_path))

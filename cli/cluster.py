@@ -65,6 +65,9 @@ class ClusterPlan:
     kv_lease_s: int = 30  # how long producers hold unpulled KV (router's kv_lease_s <= this)
     engine: str = "vllm"  # or "sim": the simulator in vLLM's place
     sim_profile: str = "tiny-cpu"
+    block_size: int | None = None  # None: the engine's default (vLLM CPU 128, sims their profile's)
+    # Engines publish KV events (ZMQ) that the router's prefix index subscribes to.
+    kv_events: bool = True
     # Extra router settings as PDSERVE_* environment variables.
     router_env: dict[str, str] = field(default_factory=dict)
 
@@ -82,6 +85,7 @@ class WorkerPlan:
     served_name: str
     engine_port: int
     side_channel_port: int
+    kv_events_port: int
     cores: str
 
     @property
@@ -92,7 +96,7 @@ class WorkerPlan:
 def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
     """Ports and core binding: workers spread over cores; a lone worker gets all of them."""
     roles = ["prefill"] * plan.prefill + ["decode"] * plan.decode + ["colocated"] * plan.colocated
-    ports = free_ports(2 * len(roles))
+    ports = free_ports(3 * len(roles))
     workers = []
     for index, role in enumerate(roles):
         lone = len(roles) == 1 and cpu_count > 1
@@ -101,8 +105,9 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         if role == "colocated" and plan.colocated_served_name:
             served = plan.colocated_served_name
         name = f"{role}-{roles[:index].count(role)}"
+        engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
         workers.append(
-            WorkerPlan(name, role, served, ports[2 * index], ports[2 * index + 1], cores)
+            WorkerPlan(name, role, served, engine_port, side_channel_port, events_port, cores)
         )
     return workers
 
@@ -155,6 +160,10 @@ class LocalCluster:
             "--engine", p.engine, "--sim-profile", p.sim_profile,
             "--log-file", str(self.run_dir / f"{w.name}.engine.log"),
         ]  # fmt: skip
+        if p.block_size:
+            argv += ["--block-size", str(p.block_size)]
+        if p.kv_events:
+            argv += ["--kv-events-endpoint", f"tcp://*:{w.kv_events_port}"]
         if w.role != "colocated":
             argv += ["--side-channel-port", str(w.side_channel_port),
                      "--kv-lease-s", str(p.kv_lease_s)]  # fmt: skip

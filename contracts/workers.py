@@ -33,6 +33,10 @@ class WorkerLoad(BaseModel):
     num_requests_running: float = 0.0
     num_requests_waiting: float = 0.0
     kv_cache_usage_perc: float = 0.0
+    # Lifetime counters (tokens), so the router can set observed prefix hits
+    # against its own predictions.
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
 
 
 class WorkerRegistration(BaseModel):
@@ -45,7 +49,13 @@ class WorkerRegistration(BaseModel):
     role: WorkerRole
     model: str = Field(min_length=1, max_length=200, description="served model name")
     engine_url: str = Field(min_length=1, max_length=500, description="vLLM base URL")
+    # Where a subscriber connects for the engine's KV events (tcp://HOST:PORT).
     kv_events_endpoint: str | None = Field(default=None, max_length=500)
+    # What the router needs to hash prompts the way this engine's prefix cache does.
+    block_size: int | None = Field(default=None, ge=1, le=4096)
+    prefix_caching_hash_algo: str = Field(default="sha256", max_length=50)
+    tokenizer_path: str | None = Field(default=None, max_length=1000, description="model folder")
+    kv_capacity_tokens: int | None = Field(default=None, ge=0)
     engine_pid: int | None = None
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.

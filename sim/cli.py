@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="tiny-cpu", help="sim/profiles NAME or a JSON path")
     parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the profile's")
     parser.add_argument(
         "--kv-events-endpoint",
         default=None,
@@ -39,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.count <= 1000:
         raise SystemExit("--count must be between 1 and 1000")
     profile = load_profile(args.profile)
+    if args.block_size:
+        profile = dataclasses.replace(profile, block_size_tokens=args.block_size)
     try:
         faults = SimFaults.model_validate_json(args.faults)
     except ValueError as error:

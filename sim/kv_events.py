@@ -1,57 +1,41 @@
-"""KV events on the wire, exactly as vLLM's ``ZmqEventPublisher`` sends them.
+"""The sim's KV event publisher: the pool's events in vLLM's wire format (contracts.kv_events).
 
-Each ZMQ message is three frames: topic, an 8-byte big-endian sequence number, and
-a msgpack ``KVEventBatch``: ``[ts, [event, ...]]``, where each event is a map
-tagged ``{"type": "BlockStored" | "BlockRemoved" | "AllBlocksCleared", ...}`` and
-block hashes are the 64-bit integers of ``external_block_hash``.
-
-Endpoint binding follows vLLM: ``tcp://*:PORT`` binds (subscribers connect);
-an endpoint naming a host connects (the subscriber binds). Sends never block: a
-subscriber that cannot keep up loses events (ZMQ's high-water mark), as with vLLM.
+Endpoint binding follows vLLM (``tcp://*:PORT`` binds, a named host connects).
+Sends never block: a subscriber that cannot keep up loses events (ZMQ's
+high-water mark), as with vLLM.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
 
-import msgpack
 import zmq
 
+from contracts import kv_events as wire
 from contracts.block_hashing import external_block_hash
 from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
-MEDIUM = "GPU"
 
-
-def event_to_wire(event: KVEvent) -> dict[str, Any]:
+def to_wire(event: KVEvent) -> wire.WireEvent:
+    """The pool's event with its hashes in the external (64-bit) form vLLM publishes."""
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
-        return {
-            "type": "BlockStored",
-            "block_hashes": [external_block_hash(h) for h in event.block_hashes],
-            "parent_block_hash": None if parent is None else external_block_hash(parent),
-            "token_ids": list(event.token_ids),
-            "block_size": event.block_size,
-            "lora_id": None,
-            "medium": MEDIUM,
-            "lora_name": None,
-        }
+        return wire.BlocksStored(
+            block_hashes=tuple(external_block_hash(h) for h in event.block_hashes),
+            parent_block_hash=None if parent is None else external_block_hash(parent),
+            token_ids=event.token_ids,
+            block_size=event.block_size,
+        )
     if isinstance(event, BlockRemoved):
-        hashes = [external_block_hash(h) for h in event.block_hashes]
-        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM}
+        return wire.BlocksRemoved(tuple(external_block_hash(h) for h in event.block_hashes))
     if isinstance(event, AllBlocksCleared):
-        return {"type": "AllBlocksCleared"}
+        return wire.AllBlocksCleared()
     raise TypeError(f"not a KV event: {event!r}")
 
 
 def encode_batch(events: list[KVEvent], ts: float) -> bytes:
-    return msgpack.packb([ts, [event_to_wire(e) for e in events]], use_bin_type=True)
-
-
-def binds(endpoint: str) -> bool:
-    return "*" in endpoint or "0.0.0.0" in endpoint
+    return wire.encode_batch([to_wire(e) for e in events], ts)
 
 
 class KVEventPublisher:
@@ -60,7 +44,7 @@ class KVEventPublisher:
         self._socket = self._context.socket(zmq.PUB)
         self._socket.set_hwm(high_water_mark)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if binds(endpoint):
+        if wire.binds(endpoint):
             self._socket.bind(endpoint)
         else:
             self._socket.connect(endpoint)

@@ -27,12 +27,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from contracts.block_hashing import hash_function, none_hash
+from contracts.tokenization import ModelTokenizer, load_tokenizer
 from sim.engine import SimEngine, SimRequest
 from sim.faults import SimFaults
 from sim.kv_events import KVEventPublisher
 from sim.metrics import SimMetrics
 from sim.profile import TimingProfile
-from sim.tokenizer import SimTokenizer, load_tokenizer
 
 SimRole = Literal["colocated", "kv_producer", "kv_consumer"]
 PULL_PATH = "/sim/kv/pull"
@@ -61,7 +61,7 @@ class SimServer:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.engine_id = str(uuid.uuid4())
-        self.tokenizer: SimTokenizer = load_tokenizer(config.model_dir)
+        self.tokenizer: ModelTokenizer = load_tokenizer(config.model_dir)
         hash_fn = hash_function(config.hash_algo)
         self.engine = SimEngine(
             profile=config.profile,
@@ -88,6 +88,8 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_post(PULL_PATH, self.kv_pull)
@@ -163,6 +165,30 @@ class SimServer:
     async def prometheus(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain")
 
+    async def tokenize(self, http: web.Request) -> web.Response:
+        """vLLM's ``/tokenize``: a completions ``prompt`` or chat ``messages``."""
+        try:
+            body = await http.json()
+            chat = "messages" in body
+            ids = self.tokenizer.request_ids(body, chat=chat)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return _error(400, f"invalid request: {error}")
+        if body.get("model") not in (None, self.config.served_model_name):
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        return web.json_response(
+            {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+             "token_strs": None}
+        )  # fmt: skip
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev-mode ``/reset_prefix_cache``: forget every cached block
+        (subscribers get ``AllBlocksCleared``)."""
+        if not self._authorized(request):
+            return _error(401, "missing or invalid admin token", "AuthenticationError")
+        self.engine.pool.clear()
+        self.engine.publish_events(self.engine.pool.take_events())
+        return web.Response()
+
     async def kv_pull(self, request: web.Request) -> web.Response:
         body = await request.json()
         num_tokens = self.engine.release_lease(str(body.get("remote_request_id")))
@@ -179,8 +205,8 @@ class SimServer:
     async def _generate(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
             body = await http.json()
-            prompt_ids = self._prompt_ids(body, chat)
-        except (ValueError, KeyError, TypeError) as error:
+            prompt_ids = self.tokenizer.request_ids(body, chat=chat)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"invalid request: {error}")
         if body.get("model") != self.config.served_model_name:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
@@ -191,8 +217,8 @@ class SimServer:
         request = SimRequest(
             request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             prompt_token_ids=prompt_ids,
-            output_token_ids=self.tokenizer.output_ids(
-                int(body.get("seed") or self.config.seed), prompt_ids, max_tokens
+            output_token_ids=output_ids(
+                self.tokenizer, int(body.get("seed") or self.config.seed), prompt_ids, max_tokens
             ),
         )
         if kv_params.get("do_remote_decode") and self.config.role == "kv_producer":
@@ -231,18 +257,6 @@ class SimServer:
         self.metrics.on_transfer(transfer_s)
         return None
 
-    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        if chat:
-            return self.tokenizer.encode(self.tokenizer.render_chat(body["messages"]))
-        prompt = body["prompt"]
-        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        raise ValueError("prompt must be a string or a list of token ids")
-
     def handoff(self, request: SimRequest) -> dict[str, Any]:
         """vLLM's kv_transfer_params for a held request."""
         return {
@@ -257,6 +271,19 @@ class SimServer:
             "remote_num_tokens": len(request.prompt_token_ids),
             "transfer_mode": "pull",
         }
+
+
+def output_ids(
+    tokenizer: ModelTokenizer, seed: int, prompt_ids: list[int], count: int
+) -> list[int]:
+    """The sim's deterministic 'generation' for a prompt: ordinary vocabulary tokens."""
+    rng = random.Random(hash((seed, tuple(prompt_ids))) & 0xFFFFFFFF)
+    ids: list[int] = []
+    while len(ids) < count:
+        token = rng.randrange(tokenizer.vocab_size)
+        if token not in tokenizer.special_ids:
+            ids.append(token)
+    return ids
 
 
 async def _tokens(request: SimRequest) -> AsyncIterator[int]:

@@ -1,7 +1,7 @@
 """``pdserve up`` starts a cluster that answers, and SIGTERM leaves no process behind.
 
-The file name sorts before every test that uses the session cluster, so this runs
-first: next to three busy vLLM engines on two cores, a fourth took over 6 minutes.
+Marked ``own_engines``, so it runs before the shared session cluster starts: next
+to three busy vLLM engines on two cores, a fourth took over 6 minutes.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from cli.ports import free_ports
 from modelstore import tiny_llama
@@ -21,6 +22,7 @@ from tests.generation import generate
 READY = "ready: OpenAI API at"
 
 
+@pytest.mark.own_engines
 def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
     (port,) = free_ports(1)
     launcher = subprocess.Popen(

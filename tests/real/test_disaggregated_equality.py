@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.generation import generate
 from tests.promtext import scrape, total
-from tests.real.conftest import COLOCATED_MODEL, MODEL
 
 COMPLETION_PROMPTS = [
     "def fibonacci(n):",

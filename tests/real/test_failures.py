@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from cli.ports import free_ports
+from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
 from tests.promtext import scrape, total
-from tests.real.conftest import MODEL
 
 LONG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 

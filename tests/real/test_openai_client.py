@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.real.conftest import COLOCATED_MODEL, MODEL
+from tests.clusters import COLOCATED_MODEL, MODEL
 
 
 @pytest.fixture

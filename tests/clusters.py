@@ -1,9 +1,14 @@
-"""One real cluster per test session: router, prefill, decode and a colocated reference.
+"""The two shared clusters, as session fixtures any test folder can use (a pytest plugin).
 
-Every engine is the vLLM CPU build serving the tiny random Llama. The colocated
-worker serves the same weights under its own name, so the router offers the model
-with and without P/D side by side, and its engine is the single-instance reference
-the disaggregated output must equal.
+- ``cluster``: real vLLM CPU engines serving the tiny random Llama: router, one
+  prefill, one decode, and a colocated reference serving the same weights under its
+  own name, so the router offers the model with and without P/D side by side and
+  the colocated engine is the single-instance reference P/D output must equal.
+- ``sim_cluster``: the same router and agents with simulators in vLLM's place:
+  2 prefill + 4 decode + 1 colocated.
+
+Each starts on first use and stops at the end of the session; every engine
+publishes KV events.
 """
 
 from __future__ import annotations
@@ -78,3 +83,34 @@ def _warm_up_disaggregation(router_url: str, timeout_s: float = 180) -> None:
     while generate(router_url, "/v1/completions", body).status != 200:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no P/D request succeeded within {timeout_s:.0f}s")
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    (port,) = free_ports(1)
+    plan = ClusterPlan(
+        model_path=tiny_llama.ensure(),
+        served_name=MODEL,
+        colocated_served_name=COLOCATED_MODEL,
+        prefill=2,
+        decode=4,
+        colocated=1,
+        port=port,
+        run_dir=tmp_path_factory.mktemp("sim-cluster"),
+        ready_timeout_s=60,
+        heartbeat_interval_s=0.5,
+        drain_timeout_s=2,
+        engine="sim",
+        kv_lease_s=6,  # the shortest NixlConnector allows: the lease test waits it out
+        router_env={
+            "PDSERVE_HEALTH_INTERVAL_S": "0.5",
+            "PDSERVE_HEALTH_TIMEOUT_S": "1",  # so the hang test ejects in seconds
+            "PDSERVE_KV_LEASE_S": "6",
+        },
+    )
+    cluster = LocalCluster(plan)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,105 @@
+"""A model's own tokenizer and chat template, tokenizing exactly as vLLM's API server does.
+
+The router hashes prompt blocks to find cached prefixes, and the simulator stands
+in for vLLM; both must see the token ids vLLM would see, or block hashes never
+match. vLLM's rules (``entrypoints/openai``):
+- completions: ``add_special_tokens=True`` (the tokenizer's post-processor, e.g. BOS);
+- chat: the template is rendered with ``add_generation_prompt=True`` and the
+  tokenizer's special tokens as variables, then encoded with ``add_special_tokens=False``
+  (the template writes its own specials);
+- a prompt given as token ids is used as is.
+
+``tokenizers`` and ``jinja2`` only (no ``transformers``): light enough for one
+shared, cached instance per model folder in a router or among hundreds of sims.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2.sandbox
+from tokenizers import Tokenizer
+
+
+class PromptError(ValueError):
+    """The request's prompt or messages cannot be tokenized; the client's fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTokenizer:
+    tokenizer: Tokenizer
+    chat_template: jinja2.Template | None
+    template_variables: dict[str, str]  # bos_token, eos_token, ... as HF passes them
+    special_ids: frozenset[int]
+    vocab_size: int
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self.chat_template is None:
+            raise PromptError("this model has no chat template; use /v1/completions")
+        if not isinstance(messages, list) or not messages:
+            raise PromptError("messages must be a non-empty list")
+        return self.chat_template.render(
+            messages=messages, add_generation_prompt=True, **self.template_variables
+        )
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+    def completion_ids(self, prompt: Any) -> list[int]:
+        """A completions ``prompt``: a string, a one-string list, or token ids."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return list(prompt)
+        raise PromptError("prompt must be a string, or a non-empty list of token ids")
+
+    def request_ids(self, body: dict[str, Any], *, chat: bool) -> list[int]:
+        """The prompt token ids of an OpenAI request body, as vLLM computes them."""
+        if chat:
+            return self.chat_ids(body.get("messages"))  # type: ignore[arg-type]
+        return self.completion_ids(body.get("prompt"))
+
+
+@cache
+def load_tokenizer(model_dir: str) -> ModelTokenizer:
+    """The tokenizer of a model folder (``tokenizer.json`` plus its config and template)."""
+    folder = Path(model_dir)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    template = config.get("chat_template")
+    template_file = folder / "chat_template.jinja"  # where newer transformers save it
+    if not isinstance(template, str) and template_file.exists():
+        template = template_file.read_text()
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    variables = {
+        key: value
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if isinstance(value := config.get(key), str)
+    }
+    special = {
+        token_id
+        for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items()
+        if token.startswith("<") and token.endswith(">")
+    }
+    return ModelTokenizer(
+        tokenizer=tokenizer,
+        chat_template=environment.from_string(template) if isinstance(template, str) else None,
+        template_variables=variables,
+        special_ids=frozenset(special),
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=False),
+    )
