@@ -1,4 +1,7 @@
-"""``pdserve sim``: N simulated vLLM servers in one process, on consecutive ports."""
+"""``pdserve sim``: N simulated vLLM servers in one process, on consecutive ports.
+
+``pdserve sim calibrate`` measures a real vLLM and writes a fitted timing profile.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +14,24 @@ import signal
 
 from aiohttp import web
 
+from sim import calibrate_cli
 from sim.faults import SimFaults
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (its tokenizer is used)")
-    parser.add_argument("--served-model-name", required=True)
+    commands = parser.add_subparsers(dest="sim_command", required=False)
+    calibrate = commands.add_parser(
+        "calibrate", help="measure a real vLLM and fit a timing profile to it"
+    )
+    calibrate_cli.add_arguments(calibrate)
+    parser.add_argument("--model", help="model folder (its tokenizer is used)")
+    parser.add_argument("--served-model-name")
     parser.add_argument("--role", choices=["colocated", "kv_producer", "kv_consumer"],
                         default="colocated")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True, help="first sim's port")
+    parser.add_argument("--port", type=int, help="first sim's port")
     parser.add_argument("--count", type=int, default=1, help="sims, on consecutive ports")
     parser.add_argument("--profile", default="tiny-cpu", help="sim/profiles NAME or a JSON path")
     parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
@@ -38,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.sim_command == "calibrate":
+        return calibrate_cli.main(args)
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "served_model_name", "port")
+               if getattr(args, n) is None]  # fmt: skip
+    if missing:
+        raise SystemExit(f"pdserve sim: {', '.join(missing)} required")
     if not 1 <= args.count <= 1000:
         raise SystemExit("--count must be between 1 and 1000")
     profile = load_profile(args.profile)

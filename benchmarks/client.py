@@ -1,0 +1,92 @@
+"""One streamed OpenAI request, timed the way ``vllm bench serve`` times it.
+
+- TTFT: from sending the request to the first content chunk;
+- ITL: the gaps between consecutive content chunks;
+- TPOT: (end-to-end - TTFT) / (output tokens - 1), for requests with 2+ tokens;
+- output tokens: the server's ``usage.completion_tokens`` (``include_usage`` is
+  always asked for), else the number of content chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass(slots=True)
+class RequestResult:
+    started_s: float  # perf_counter at send
+    status: int = 0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    itl_s: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+async def stream_request(session: aiohttp.ClientSession, url: str, body: dict) -> RequestResult:
+    """POST a streamed completion or chat request and time it; never raises for HTTP errors."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    result = RequestResult(started_s=time.perf_counter())
+    last_s = result.started_s
+    chunks = 0
+    try:
+        async with session.post(url, json=body) as response:
+            result.status = response.status
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return result
+            event = None
+            async for raw_line in response.content:
+                line = raw_line.strip()
+                if line.startswith(b"event:"):
+                    event = line[6:].strip().decode()
+                    continue
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                payload = json.loads(data)
+                if event == "error" or "error" in payload:
+                    result.error = f"stream error: {json.dumps(payload)[:200]}"
+                    break
+                now = time.perf_counter()
+                if _has_content(payload):
+                    chunks += 1
+                    if result.ttft_s is None:
+                        result.ttft_s = now - result.started_s
+                    else:
+                        result.itl_s.append(now - last_s)
+                    last_s = now
+                usage = payload.get("usage")
+                if usage:
+                    result.output_tokens = usage.get("completion_tokens", 0)
+                    result.prompt_tokens = usage.get("prompt_tokens")
+    except (aiohttp.ClientError, TimeoutError) as error:
+        result.error = f"{type(error).__name__}: {error}"
+    result.e2e_s = time.perf_counter() - result.started_s
+    result.output_tokens = result.output_tokens or chunks
+    return result
+
+
+def _has_content(chunk: dict) -> bool:
+    """A token chunk (possibly empty text: a token can be part of a UTF-8 character)."""
+    for choice in chunk.get("choices") or ():
+        if "text" in choice or (choice.get("delta") or {}).get("content") is not None:
+            return True
+    return False

@@ -1,0 +1,127 @@
+"""``pdserve sim calibrate``: measure a real engine and fit a timing profile to it.
+
+Two sweeps, each on fresh prompts (a random token-id prefix defeats the prefix cache):
+- prefill: one request at a time, ``max_tokens=1``, prompt lengths L; a sim's TTFT
+  for that is ``request_overhead + floor + prefill_ms_per_token * L``, so a line
+  fitted to TTFT(L) gives the slope and the intercept;
+- decode: c concurrent streams of ``decode_tokens`` each; a sim's TPOT at batch c
+  is ``floor + decode_ms_per_seq * c + decode_ms_per_kv_ktoken * context / 1000``,
+  so a line fitted to TPOT(c), less the context term, gives floor and slope.
+Terms these sweeps cannot separate (cached-context cost, KV size, transfer) keep
+the base profile's values. Everything measured is written into the profile's
+``notes``, so the fit can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from benchmarks.client import RequestResult, stream_request
+from sim.profile import TimingProfile
+
+PREFILL_LENGTHS = (32, 256, 768, 1536)
+DECODE_BATCHES = (1, 4, 16)
+DECODE_PROMPT_TOKENS = 64
+DECODE_TOKENS = 48
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    prefill_ttft_ms: dict[int, float]  # prompt length -> median TTFT
+    decode_tpot_ms: dict[int, float]  # concurrency -> median TPOT
+
+
+def fresh_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    """Token ids no earlier prompt shares a first block with."""
+    return [rng.randrange(100, vocab_size) for _ in range(length)]
+
+
+def fit_line(points: dict[int, float]) -> tuple[float, float]:
+    """Least squares (intercept, slope) through (x, y) points."""
+    xs, ys = list(points), list(points.values())
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
+
+
+async def measure_sweep(
+    url: str,
+    model: str,
+    *,
+    vocab_size: int,
+    repeats: int = 3,
+    seed: int = 0,
+    say: Callable[[str], None] = print,
+) -> Sweep:
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(length: int, max_tokens: int) -> RequestResult:
+            body = {"model": model, "prompt": fresh_prompt(rng, length, vocab_size),
+                    "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}  # fmt: skip
+            result = await stream_request(session, url + "/v1/completions", body)
+            if not result.ok:
+                raise RuntimeError(f"calibration request failed: {result.error}")
+            return result
+
+        await one(16, 2)  # warm-up: first-request costs are not the steady state
+        prefill: dict[int, float] = {}
+        for length in PREFILL_LENGTHS:
+            ttfts = [(await one(length, 1)).ttft_s or 0.0 for _ in range(repeats)]
+            prefill[length] = statistics.median(ttfts) * 1000
+            say(f"  prefill  {length:5d} tokens: TTFT {prefill[length]:7.1f} ms")
+        decode: dict[int, float] = {}
+        for batch in DECODE_BATCHES:
+            results: list[RequestResult] = []
+            for _ in range(repeats):
+                results += await asyncio.gather(
+                    *(one(DECODE_PROMPT_TOKENS, DECODE_TOKENS) for _ in range(batch))
+                )
+            decode[batch] = statistics.median(r.tpot_s or 0.0 for r in results) * 1000
+            say(f"  decode   batch {batch:3d}: TPOT {decode[batch]:7.2f} ms")
+    return Sweep(prefill_ttft_ms=prefill, decode_tpot_ms=decode)
+
+
+def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) -> TimingProfile:
+    """The base profile with the step-time terms the sweep measures replaced."""
+    mean_context = DECODE_PROMPT_TOKENS + DECODE_TOKENS / 2
+    context_ms = {
+        batch: base.decode_ms_per_kv_ktoken * batch * mean_context / 1000
+        for batch in sweep.decode_tpot_ms
+    }
+    floor_ms, per_seq_ms = fit_line(
+        {b: tpot - context_ms[b] for b, tpot in sweep.decode_tpot_ms.items()}
+    )
+    intercept_ms, per_token_ms = fit_line(sweep.prefill_ttft_ms)
+    floor_ms = max(0.1, floor_ms)
+    return dataclasses.replace(
+        base,
+        name=name,
+        source=source,
+        floor_ms=round(floor_ms, 3),
+        decode_ms_per_seq=round(max(0.0, per_seq_ms), 4),
+        prefill_ms_per_token=round(max(0.0, per_token_ms), 5),
+        request_overhead_ms=round(max(0.0, intercept_ms - floor_ms), 3),
+    )
+
+
+def write_profile(profile: TimingProfile, sweep: Sweep, path: Path) -> None:
+    raw = dataclasses.asdict(profile)
+    raw["notes"] = (
+        "Fitted by `pdserve sim calibrate`. Median TTFT (ms) by prompt tokens: "
+        + json.dumps(sweep.prefill_ttft_ms)
+        + "; median TPOT (ms) by concurrent streams: "
+        + json.dumps(sweep.decode_tpot_ms)
+        + ". Not fitted (kept from the base profile): prefill_ms_per_context, "
+        "decode_ms_per_kv_ktoken, KV size and transfer terms."
+    )
+    path.write_text(json.dumps(raw, indent=2) + "\n")
