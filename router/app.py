@@ -34,6 +34,7 @@ from router.registry import RegistryFull, WorkerRegistry
 from router.schemas import ChatCompletionRequest, CompletionRequest, validate
 from router.settings import RouterSettings
 from router.upstream import Upstream
+from router.worker_selection import WorkerSelector
 
 log = logging.getLogger("pdserve.router")
 
@@ -49,10 +50,12 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         connect_timeout_s=settings.upstream_connect_timeout_s,
         keepalive_s=settings.upstream_keepalive_s,
     )
-    metrics = RouterMetrics(registry, clock)
+    selector = WorkerSelector(settings, clock=clock)
+    metrics = RouterMetrics(registry, selector, clock)
     orchestrator = Orchestrator(
-        settings=settings, registry=registry, upstream=upstream, metrics=metrics, clock=clock
-    )
+        settings=settings, registry=registry, upstream=upstream, metrics=metrics,
+        selector=selector, clock=clock,
+    )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -65,14 +68,18 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
                 timeout_s=settings.health_timeout_s,
                 failures_to_eject=settings.health_failures_to_eject,
                 clock=clock,
+                on_forgotten=selector.on_gone,
             )
         )
+        sweeper = asyncio.create_task(_expire_forever(selector, settings.prefix_expire_interval_s))
         try:
             yield
         finally:
-            prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await prober
+            for task in (prober, sweeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await selector.feed.close()
             await upstream.close()
 
     app = FastAPI(title="pdserve router", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -159,10 +166,16 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     async def register(request: Request) -> dict[str, Any]:
         authorize_admin(request)
         registration = _parse(WorkerRegistration, await _json_body(request, 64 * 1024))
+        previous = registry.get(registration.worker_id)
         try:
             registry.register(registration, clock())
         except RegistryFull as error:
             raise Overloaded(str(error), retry_after_s=settings.retry_after_s) from None
+        selector.on_registered(
+            registration,
+            new_incarnation=previous is None
+            or previous.registration.incarnation != registration.incarnation,
+        )
         log.info("worker %s registered (%s)", registration.worker_id, registration.role.value)
         return {"registered": registration.worker_id}
 
@@ -179,6 +192,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         authorize_admin(request)
         if not registry.deregister(worker_id):
             raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
+        selector.on_gone(worker_id)
         log.info("worker %s deregistered", worker_id)
         return {"deregistered": worker_id}
 
@@ -202,6 +216,12 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         }
 
     return app
+
+
+async def _expire_forever(selector: WorkerSelector, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        selector.expire()
 
 
 def _bearer_in(request: Request, accepted: tuple[str, ...]) -> bool:

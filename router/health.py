@@ -21,6 +21,7 @@ async def probe_engines_forever(
     timeout_s: float,
     failures_to_eject: int,
     clock: Callable[[], float],
+    on_forgotten: Callable[[str], None] = lambda worker_id: None,
 ) -> None:
     """Every ``interval_s``, GET each engine's /health and drop long-silent workers.
 
@@ -41,6 +42,7 @@ async def probe_engines_forever(
                 )  # fmt: skip
         for worker_id in registry.forget_silent(clock()):
             log.warning("worker %s forgotten after long silence", worker_id)
+            on_forgotten(worker_id)
         await asyncio.sleep(interval_s)
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from contracts.workers import WorkerRole
 from router.registry import WorkerRegistry
+from router.worker_selection import WorkerSelector
 
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
@@ -17,7 +19,9 @@ _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64
 
 
 class RouterMetrics:
-    def __init__(self, registry: WorkerRegistry, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, registry: WorkerRegistry, selector: WorkerSelector, clock: Callable[[], float]
+    ) -> None:
         self.prometheus = CollectorRegistry(auto_describe=True)
         r = self.prometheus
         self.requests = Counter(
@@ -66,7 +70,15 @@ class RouterMetrics:
         self.stream_errors = Counter(
             "pdserve_stream_errors", "Streams ended by an SSE error event", ["model"], registry=r
         )
+        self.routing_decisions = Counter(
+            "pdserve_routing_decisions",
+            "Worker choices by pool, policy and reason (prefix_hit, load, bounded_load_spill, "
+            "round_robin, least_loaded)",
+            ["model", "pool", "policy", "reason"],
+            registry=r,
+        )
         r.register(_WorkerCollector(registry, clock))
+        r.register(_RoutingCollector(registry, selector))
 
 
 class _WorkerCollector(Collector):
@@ -104,3 +116,57 @@ class _WorkerCollector(Collector):
         for (role, state), count in counts.items():
             eligible.add_metric([role, state], count)
         yield from (eligible, running, waiting, kv)
+
+
+class _RoutingCollector(Collector):
+    """The prefix index and the routing decisions, read at scrape time."""
+
+    def __init__(self, registry: WorkerRegistry, selector: WorkerSelector) -> None:
+        self._registry = registry
+        self._selector = selector
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        selector, index = self._selector, self._selector.index
+        size = GaugeMetricFamily("pdserve_prefix_index_blocks", "Distinct blocks indexed")
+        size.add_metric([], len(index))
+        held = GaugeMetricFamily(
+            "pdserve_prefix_index_worker_blocks", "Blocks indexed per worker", labels=["worker"]
+        )
+        ratio = GaugeMetricFamily(
+            "pdserve_prefix_hit_ratio",
+            "Prompt tokens found cached: predicted by the router at routing time, and observed "
+            "by the engine (vLLM prefix_cache_hits / queries over its lifetime)",
+            labels=["worker", "source"],
+        )
+        inflight = GaugeMetricFamily(
+            "pdserve_worker_inflight_requests", "Requests this router has in flight on a worker",
+            labels=["worker"],
+        )  # fmt: skip
+        for worker in self._registry.workers():
+            wid = worker.worker_id
+            held.add_metric([wid], index.blocks_held(wid))
+            inflight.add_metric([wid], selector.inflight(wid).requests)
+            routed = selector.routed_prompt_tokens.get(wid, 0)
+            if routed:
+                ratio.add_metric([wid, "predicted"], selector.predicted_hit_tokens[wid] / routed)
+            if worker.load.prefix_cache_queries:
+                observed = worker.load.prefix_cache_hits / worker.load.prefix_cache_queries
+                ratio.add_metric([wid, "observed"], observed)
+        hotspot = GaugeMetricFamily(
+            "pdserve_hotspot_factor",
+            "Workers x the largest share of the recent routing decisions in a pool (1 = even)",
+            labels=["pool"],
+        )
+        for role in WorkerRole:
+            workers = sum(1 for w in self._registry.workers() if w.role is role)
+            factor = selector.hotspot_factor(role, workers)
+            if factor is not None:
+                hotspot.add_metric([role.value], factor)
+        events = CounterMetricFamily(
+            "pdserve_kv_event_batches",
+            "KV event batches received, and gaps/restarts detected, per worker",
+            labels=["worker", "kind"],
+        )
+        for (wid, kind), count in selector.event_counts.items():
+            events.add_metric([wid, kind], count)
+        yield from (size, held, ratio, inflight, hotspot, events)

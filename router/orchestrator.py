@@ -33,13 +33,14 @@ from kvtransfer.handoff import (
     KVHandoff,
     parse_handoff,
 )
-from router.balancing import RoundRobin
 from router.errors import APIError, NoCapacity, UpstreamFailed, UpstreamRejected
 from router.metrics import RouterMetrics
 from router.registry import WorkerRegistry, WorkerState
 from router.relay import StreamStats, relay_sse
+from router.routing import Decision
 from router.settings import RouterSettings
 from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+from router.worker_selection import PromptBlocks, WorkerSelector
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -53,6 +54,10 @@ class GenerationCall:
     model: str
     stream: bool
     arrived_s: float
+
+    @property
+    def chat(self) -> bool:
+        return "chat" in self.path
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,24 +79,39 @@ class Orchestrator:
         registry: WorkerRegistry,
         upstream: Upstream,
         metrics: RouterMetrics,
+        selector: WorkerSelector,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
+        self._selector = selector
         self._clock = clock
-        self._balancer = RoundRobin()
 
     async def serve(self, call: GenerationCall) -> Response:
         now = self._clock()
         prefill_pool = self._registry.eligible(call.model, WorkerRole.PREFILL, now)
         decode_pool = self._registry.eligible(call.model, WorkerRole.DECODE, now)
         if prefill_pool and decode_pool:
-            return await self._disaggregated(call, prefill_pool, decode_pool)
+            blocks = await self._selector.prompt_blocks(
+                call.body, chat=call.chat, workers=prefill_pool
+            )
+            decode = self._pick(call, WorkerRole.DECODE, decode_pool, blocks, ())
+            if decode is not None and self._prefill_on_decode(decode):
+                return await self._generate(
+                    call, decode_pool, mode="decode_local", handoff=None, blocks=blocks,
+                    first=decode,
+                )  # fmt: skip
+            return await self._disaggregated(call, prefill_pool, decode_pool, blocks, decode)
         colocated_pool = self._registry.eligible(call.model, WorkerRole.COLOCATED, now)
         if colocated_pool:
-            return await self._generate(call, colocated_pool, mode="colocated", handoff=None)
+            blocks = await self._selector.prompt_blocks(
+                call.body, chat=call.chat, workers=colocated_pool
+            )
+            return await self._generate(
+                call, colocated_pool, mode="colocated", handoff=None, blocks=blocks
+            )
         missing = "prefill" if decode_pool else "decode" if prefill_pool else "any"
         raise NoCapacity(
             f"no ready {missing} worker for model {call.model!r}; retry shortly",
@@ -99,35 +119,70 @@ class Orchestrator:
             retry_after_s=self._settings.retry_after_s,
         )
 
+    def _pick(
+        self,
+        call: GenerationCall,
+        role: WorkerRole,
+        pool: list[WorkerState],
+        blocks: PromptBlocks,
+        tried: set[str] | tuple[()],
+    ) -> Decision | None:
+        decision = self._selector.pick(call.model, role, pool, blocks, tuple(tried))
+        if decision is not None:
+            self._metrics.routing_decisions.labels(
+                call.model, role.value, self._selector.policy_of(call.model), decision.reason
+            ).inc()
+        return decision
+
+    def _prefill_on_decode(self, decode: Decision) -> bool:
+        """Conditional disaggregation: is the prompt's uncached part short enough to
+        prefill on the decode worker, which has the room, rather than ship KV?"""
+        settings = self._settings
+        return (
+            decode.uncached_tokens <= settings.conditional_disagg_max_uncached_tokens
+            and decode.worker.load.kv_cache_usage_perc < settings.conditional_disagg_max_kv_usage
+        )
+
     async def _disaggregated(
-        self, call: GenerationCall, prefill_pool: list[WorkerState], decode_pool: list[WorkerState]
+        self,
+        call: GenerationCall,
+        prefill_pool: list[WorkerState],
+        decode_pool: list[WorkerState],
+        blocks: PromptBlocks,
+        decode: Decision | None,
     ) -> Response:
-        handoff = await self._prefill_with_retries(call, prefill_pool)
+        handoff = await self._prefill_with_retries(call, prefill_pool, blocks)
         try:
             handoff.check_lease(self._clock(), self._settings.kv_lease_s)
         except ExpiredHandoff:
             # The event loop stalled past the lease; the blocks may be gone.
-            handoff = await self._prefill_with_retries(call, prefill_pool)
-        return await self._generate(call, decode_pool, mode="disaggregated", handoff=handoff)
+            handoff = await self._prefill_with_retries(call, prefill_pool, blocks)
+        return await self._generate(
+            call, decode_pool, mode="disaggregated", handoff=handoff, blocks=blocks, first=decode
+        )
 
     async def _prefill_with_retries(
-        self, call: GenerationCall, pool: list[WorkerState]
+        self, call: GenerationCall, pool: list[WorkerState], blocks: PromptBlocks
     ) -> KVHandoff:
         body = json.dumps(prefill_body(call.body)).encode()
         tried: set[str] = set()
         failures: list[str] = []
         for attempt in range(1 + self._settings.prefill_retries):
-            worker = self._balancer.pick(f"{call.model}/prefill", pool, tried)
-            if worker is None:
+            decision = self._pick(call, WorkerRole.PREFILL, pool, blocks, tried)
+            if decision is None:
                 break
+            worker = decision.worker
             if attempt:
                 self._metrics.prefill_retries.labels(call.model).inc()
             tried.add(worker.worker_id)
+            self._selector.record(worker.worker_id, blocks, decision)
             started_s = self._clock()
             try:
-                payload = await self._upstream.post_json(
-                    worker.engine_url + call.path, body, timeout_s=self._settings.prefill_timeout_s
-                )
+                with self._selector.track(worker.worker_id, decision.uncached_tokens):
+                    payload = await self._upstream.post_json(
+                        worker.engine_url + call.path, body,
+                        timeout_s=self._settings.prefill_timeout_s,
+                    )  # fmt: skip
                 handoff = parse_handoff(
                     json.loads(payload).get("kv_transfer_params"), issued_at_s=self._clock()
                 )
@@ -154,21 +209,30 @@ class Orchestrator:
         *,
         mode: str,
         handoff: KVHandoff | None,
+        blocks: PromptBlocks,
+        first: Decision | None = None,
     ) -> Response:
         request = dict(call.body)
         if handoff is not None:
             request["kv_transfer_params"] = handoff.to_decode_params()
         body = json.dumps(request).encode()
+        role = pool[0].role
         tried: set[str] = set()
         last_error: APIError | None = None
         for _ in range(len(pool)):
-            worker = self._balancer.pick(f"{call.model}/{mode}", pool, tried)
-            if worker is None:
+            decision = first if first is not None and not tried else None
+            decision = decision or self._pick(call, role, pool, blocks, tried)
+            if decision is None:
                 break
+            worker = decision.worker
             tried.add(worker.worker_id)
+            self._selector.record(worker.worker_id, blocks, decision)
+            # A decode that pulls KV computes nothing; otherwise the worker prefills.
+            tokens = 0 if handoff is not None else decision.uncached_tokens
+            end = self._selector.begin(worker.worker_id, tokens)
             try:
                 if call.stream:
-                    return await self._stream(call, worker, body, mode, handoff)
+                    return await self._stream(call, worker, body, mode, handoff, end)
                 return await self._complete(call, worker, body, mode)
             except EngineUnreachable as error:
                 self._worker_failed(worker, "unreachable")
@@ -187,6 +251,9 @@ class Orchestrator:
                     f"{worker.role.value} worker {worker.worker_id} answered {error.status}",
                     code="decode_failed",
                 )
+            finally:
+                if not call.stream:
+                    end()
         raise last_error or NoCapacity(
             "no worker left to try", retry_after_s=self._settings.retry_after_s
         )
@@ -209,6 +276,7 @@ class Orchestrator:
         body: bytes,
         mode: str,
         handoff: KVHandoff | None,
+        end: Callable[[], None],
     ) -> StreamingResponse:
         first_byte_timeout_s = self._settings.first_token_timeout_s
         if handoff is not None and self._settings.kv_lease_guard:
@@ -217,15 +285,20 @@ class Orchestrator:
             # invalid KV blocks"): fail it rather than relay output from garbage KV.
             lease_left_s = self._settings.kv_lease_s - (self._clock() - handoff.issued_at_s)
             first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
-        response, first = await self._upstream.open_stream(
-            worker.engine_url + call.path,
-            body,
-            first_byte_timeout_s=first_byte_timeout_s,
-            idle_timeout_s=self._settings.stream_idle_timeout_s,
-        )
+        try:
+            response, first = await self._upstream.open_stream(
+                worker.engine_url + call.path,
+                body,
+                first_byte_timeout_s=first_byte_timeout_s,
+                idle_timeout_s=self._settings.stream_idle_timeout_s,
+            )
+        except BaseException:
+            end()
+            raise
         itl = self._metrics.itl.labels(call.model)
 
         def on_end(stats: StreamStats) -> None:
+            end()
             now = self._clock()
             if stats.first_byte_s is not None:
                 self._metrics.ttft.labels(call.model, mode).observe(

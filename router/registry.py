@@ -64,6 +64,9 @@ class WorkerRegistry:
         self._workers[registration.worker_id] = state
         return state
 
+    def get(self, worker_id: str) -> WorkerState | None:
+        return self._workers.get(worker_id)
+
     def heartbeat(self, heartbeat: WorkerHeartbeat, now_s: float) -> bool:
         """Apply a heartbeat; False if the worker is unknown (it must re-register)."""
         state = self._workers.get(heartbeat.worker_id)

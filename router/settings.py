@@ -8,8 +8,11 @@ prints the table that the README carries.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from router.routing import POLICIES, parse_weights
 
 
 class RouterSettings(BaseModel):
@@ -93,6 +96,94 @@ class RouterSettings(BaseModel):
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
     )
+    routing_policy: Literal["round_robin", "least_loaded", "prefix_affinity"] = Field(
+        "prefix_affinity",
+        description="How a worker is chosen in a pool: prefix_affinity (cached prefix, then "
+        "queue, with bounded load), least_loaded, or round_robin.",
+    )
+    routing_policy_by_model: str = Field(
+        "",
+        description="Per-model policy overrides, `model=policy,...`; e.g. serve one model "
+        "name per policy to compare two side by side.",
+    )
+    prefill_scorers: str = Field(
+        "uncached_tokens=1,queued_tokens=0.25",
+        description="prefix_affinity's prefill cost, `scorer=weight,...` in token units. "
+        "Scorers: uncached_tokens, queued_tokens, running_requests, kv_usage, engine_waiting.",
+    )
+    decode_scorers: str = Field(
+        "uncached_tokens=0.1,running_requests=64,kv_usage=2048",
+        description="prefix_affinity's decode cost: KV headroom and running load first; "
+        "uncached_tokens prefers the decode that holds the prefix (a later chat turn).",
+    )
+    bounded_load_epsilon: float = Field(
+        0.25,
+        ge=0,
+        le=10,
+        description="A worker with ceil((1+epsilon) x mean) requests in flight loses its "
+        "prefix affinity. Lower: more even load, fewer cache hits.",
+    )
+    prefix_index_source: Literal["precise", "approximate", "both"] = Field(
+        "both",
+        description="precise: engines' KV events; approximate: what the router sent where "
+        "(TTL + capacity); both: events, and the approximate index while a worker's events "
+        "are missing or gapped.",
+    )
+    prefix_index_max_blocks: int = Field(
+        1_000_000, ge=1, description="Prefix index capacity in distinct blocks (LRU beyond)."
+    )
+    prefix_speculative_ttl_s: float = Field(
+        5.0,
+        gt=0,
+        description="How long a routing-time record stands in for a worker whose events flow "
+        "(bridges the gap until its BlockStored arrives).",
+    )
+    prefix_approximate_ttl_s: float = Field(
+        120.0, gt=0, description="How long a routing-time record counts without events."
+    )
+    kv_events_fallback_s: float = Field(
+        30.0,
+        gt=0,
+        description="After a gap in a worker's KV events, use the approximate index for it "
+        "this long.",
+    )
+    conditional_disagg_max_uncached_tokens: int = Field(
+        0,
+        ge=0,
+        description="Prefill on the decode worker, skipping the KV transfer, when at most "
+        "this many prompt tokens are not cached there. 0: always disaggregate.",
+    )
+    conditional_disagg_max_kv_usage: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="... and only while that decode worker's KV usage is below this.",
+    )
+    tokenize_offload_chars: int = Field(
+        16384,
+        ge=0,
+        description="Prompts longer than this are tokenized in a thread, off the event loop.",
+    )
+    hotspot_window_requests: int = Field(
+        1000, ge=10, le=1_000_000, description="Decisions the hotspot factor is computed over."
+    )
+    prefix_expire_interval_s: float = Field(
+        5.0, gt=0, description="How often expired routing-time records are swept."
+    )
+
+    def routing_policies(self) -> dict[str, str]:
+        """``routing_policy_by_model`` as a mapping."""
+        pairs = (item.partition("=") for item in self.routing_policy_by_model.split(",") if item)
+        return {model.strip(): policy.strip() for model, _, policy in pairs}
+
+    @model_validator(mode="after")
+    def _check_routing(self) -> RouterSettings:
+        for model, policy in self.routing_policies().items():
+            if policy not in POLICIES:
+                raise ValueError(f"routing_policy_by_model: {model}={policy}; known: {POLICIES}")
+        parse_weights(self.prefill_scorers)
+        parse_weights(self.decode_scorers)
+        return self
 
     @classmethod
     def from_env(cls, **overrides: object) -> RouterSettings:

@@ -28,10 +28,10 @@ import aiohttp
 from benchmarks.client import RequestResult, stream_request
 from sim.profile import TimingProfile
 
-PREFILL_LENGTHS = (32, 256, 768, 1536)
-DECODE_BATCHES = (1, 4, 16)
+PREFILL_LENGTHS = (64, 256, 512, 1024, 1536)
+DECODE_BATCHES = (1, 2, 4, 8)
 DECODE_PROMPT_TOKENS = 64
-DECODE_TOKENS = 48
+DECODE_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,8 +185,11 @@ class SimEngine:
         cached_blocks = self.pool.cached_prefix_blocks(request.hashes)
         self.stats.prefix_cache_queries += prompt_len
         if request.kv_pulled:
+            # Pulled KV lands in this engine's prefix cache like computed KV (vLLM caches
+            # the blocks a connector loads), so a later turn can hit it here.
             request.computed_tokens = prompt_len
             self.stats.prompt_tokens_by_source["external_kv_transfer"] += prompt_len
+            self.pool.store(request.blocks, request.hashes, request.prompt_token_ids)
             return True
         # Like vLLM, the last prompt token is always recomputed to sample from.
         cached = min(cached_blocks * self.pool.block_size, prompt_len - 1)

@@ -55,10 +55,14 @@ class KVEventPublisher:
     def __repr__(self) -> str:
         return f"KVEventPublisher(topic={self._topic!r})"
 
-    def publish(self, events: list[KVEvent]) -> None:
+    def publish(self, events: list[KVEvent], *, lost: bool = False) -> None:
+        """Send one batch; ``lost`` (fault injection) spends its sequence number and
+        sends nothing, as a batch lost on the way would, so subscribers see the gap."""
         if not events:
             return
         sequence = next(self._sequence).to_bytes(8, "big")
+        if lost:
+            return
         payload = encode_batch(events, time.time())
         try:
             self._socket.send_multipart((self._topic, sequence, payload), flags=zmq.NOBLOCK)

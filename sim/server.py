@@ -154,9 +154,8 @@ class SimServer:
 
     def _publish_events(self, events: list) -> None:
         assert self._publisher is not None
-        if events and random.random() < self.faults.kv_event_drop_probability:
-            return
-        self._publisher.publish(events)
+        lost = random.random() < self.faults.kv_event_drop_probability
+        self._publisher.publish(events, lost=lost)
 
     async def models(self, _: web.Request) -> web.Response:
         model = {"id": self.config.served_model_name, "object": "model", "owned_by": "pdserve-sim"}
