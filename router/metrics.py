@@ -142,13 +142,19 @@ class _RoutingCollector(Collector):
             "pdserve_worker_inflight_requests", "Requests this router has in flight on a worker",
             labels=["worker"],
         )  # fmt: skip
+        routed = CounterMetricFamily(
+            "pdserve_routed_requests", "Requests sent to each worker (retries included)",
+            labels=["worker", "role"],
+        )  # fmt: skip
         for worker in self._registry.workers():
             wid = worker.worker_id
+            routed.add_metric([wid, worker.role.value], selector.routed_requests.get(wid, 0))
             held.add_metric([wid], index.blocks_held(wid))
             inflight.add_metric([wid], selector.inflight(wid).requests)
-            routed = selector.routed_prompt_tokens.get(wid, 0)
-            if routed:
-                ratio.add_metric([wid, "predicted"], selector.predicted_hit_tokens[wid] / routed)
+            routed_tokens = selector.routed_prompt_tokens.get(wid, 0)
+            if routed_tokens:
+                predicted = selector.predicted_hit_tokens[wid] / routed_tokens
+                ratio.add_metric([wid, "predicted"], predicted)
             if worker.load.prefix_cache_queries:
                 observed = worker.load.prefix_cache_hits / worker.load.prefix_cache_queries
                 ratio.add_metric([wid, "observed"], observed)
@@ -169,4 +175,4 @@ class _RoutingCollector(Collector):
         )
         for (wid, kind), count in selector.event_counts.items():
             events.add_metric([wid, kind], count)
-        yield from (size, held, ratio, inflight, hotspot, events)
+        yield from (size, held, ratio, inflight, routed, hotspot, events)

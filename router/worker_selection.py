@@ -60,6 +60,7 @@ class WorkerSelector:
         self.event_counts: Counter[tuple[str, str]] = Counter()
         self.predicted_hit_tokens: Counter[str] = Counter()
         self.routed_prompt_tokens: Counter[str] = Counter()
+        self.routed_requests: Counter[str] = Counter()
 
     def __repr__(self) -> str:
         return f"WorkerSelector(index={self.index!r})"
@@ -82,7 +83,8 @@ class WorkerSelector:
         self.index.clear_worker(worker_id)
         self._capacity_blocks.pop(worker_id, None)
         self._inflight.pop(worker_id, None)
-        for counter in (self.predicted_hit_tokens, self.routed_prompt_tokens):
+        for counter in (self.predicted_hit_tokens, self.routed_prompt_tokens,
+                        self.routed_requests):  # fmt: skip
             counter.pop(worker_id, None)
         for key in [k for k in self.event_counts if k[0] == worker_id]:
             del self.event_counts[key]
@@ -139,6 +141,7 @@ class WorkerSelector:
 
     def record(self, worker_id: str, blocks: PromptBlocks, decision: Decision | None) -> None:
         """The worker is about to compute or receive these blocks."""
+        self.routed_requests[worker_id] += 1
         if decision is not None:
             self.routed_prompt_tokens[worker_id] += blocks.token_count
             self.predicted_hit_tokens[worker_id] += blocks.token_count - decision.uncached_tokens

@@ -13,6 +13,7 @@ from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
 from tests.promtext import scrape, total
+from tests.sim.faults import set_faults
 
 CASES = [
     ("/v1/completions", {"prompt": "def fibonacci(n):"}),
@@ -107,14 +108,6 @@ def test_a_crashed_decode_ends_the_stream_with_an_error_then_the_cluster_heals(s
     again = generate(sim_cluster.router_url, "/v1/completions",
                      {"model": MODEL, "prompt": "after", "max_tokens": 4})  # fmt: skip
     assert again.status == 200
-
-
-def set_faults(cluster, worker: str, **faults) -> httpx.Response:
-    return httpx.post(
-        cluster.worker(worker).engine_url + "/sim/faults",
-        json=faults,
-        headers={"Authorization": f"Bearer {cluster.admin_token}"},
-    )
 
 
 def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster):

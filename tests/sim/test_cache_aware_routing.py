@@ -1,0 +1,149 @@
+"""Cache-aware routing on the sim cluster: affinity with a load bound, restarts, lost events.
+
+Prompts are token ids, so their blocks are exact: a shared prefix of PREFIX_BLOCKS
+full blocks (tiny-cpu's block is 128 tokens) and a short unique tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+
+import httpx
+
+from tests.clusters import MODEL
+from tests.conditions import wait_for
+from tests.generation import generate
+from tests.promtext import scrape, total
+from tests.sim.faults import set_faults
+
+BLOCK = 128
+PREFIX_BLOCKS = 3
+PREFILLS = ("prefill-0", "prefill-1")
+
+
+def prefix_prompt(prefix: int, tail: int) -> list[int]:
+    shared = [1000 + (prefix * 7919 + i) % 3000 for i in range(PREFIX_BLOCKS * BLOCK)]
+    return [*shared, 50 + tail, 60 + tail, 70 + tail]
+
+
+def unique_prompt(blocks: int = 2) -> list[int]:
+    seed = uuid.uuid4().int
+    return [100 + (seed >> (i % 100)) % 3000 for i in range(blocks * BLOCK + 5)]
+
+
+def metric(cluster, name: str, **labels: str) -> float:
+    return total(scrape(cluster.router_url + "/metrics"), name, **labels)
+
+
+def routed(cluster) -> dict[str, float]:
+    samples = scrape(cluster.router_url + "/metrics")
+    return {w: total(samples, "pdserve_routed_requests_total", worker=w) for w in PREFILLS}
+
+
+def complete(cluster, prompt: list[int]) -> int:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+    return generate(cluster.router_url, "/v1/completions", body).status
+
+
+def send_and_see_where(cluster, prompt: list[int], threads: list[threading.Thread]) -> str:
+    """Start a request in the background; return the prefill worker it was routed to."""
+    before = routed(cluster)
+    thread = threading.Thread(target=complete, args=(cluster, prompt))
+    thread.start()
+    threads.append(thread)
+    wait_for(
+        lambda: any(n > before[w] for w, n in routed(cluster).items()),
+        30, "the router to choose a prefill worker",
+    )  # fmt: skip
+    (chosen,) = [w for w, n in routed(cluster).items() if n > before[w]]
+    return chosen
+
+
+def test_a_same_prefix_burst_stays_on_one_prefill_until_its_load_bound_then_spills(sim_cluster):
+    spills_before = metric(sim_cluster, "pdserve_routing_decisions_total", pool="prefill",
+                           reason="bounded_load_spill")  # fmt: skip
+    for name in PREFILLS:  # prefills take seconds, so the burst is in flight together
+        assert set_faults(sim_cluster, name, slowdown=100).status_code == 200
+    threads: list[threading.Thread] = []
+    try:
+        order = [send_and_see_where(sim_cluster, prefix_prompt(1, i), threads) for i in range(3)]
+    finally:
+        for name in PREFILLS:
+            set_faults(sim_cluster, name, slowdown=1)
+        for thread in threads:
+            thread.join(timeout=60)
+    # 2 prefill workers, epsilon 0.25: the bound is ceil(1.25 x mean in flight), so the
+    # prefix's worker takes the first two and the third spills to the other one.
+    assert order[0] == order[1] != order[2]
+    spills = metric(sim_cluster, "pdserve_routing_decisions_total", pool="prefill",
+                    reason="bounded_load_spill")  # fmt: skip
+    assert spills == spills_before + 1
+
+
+def index_blocks(cluster, worker: str) -> float:
+    return metric(cluster, "pdserve_prefix_index_worker_blocks", worker=worker)
+
+
+def test_a_restarted_prefill_starts_with_an_empty_index(sim_cluster):
+    threads: list[threading.Thread] = []
+    worker = send_and_see_where(sim_cluster, unique_prompt(blocks=3), threads)
+    threads[0].join(timeout=30)
+    wait_for(lambda: index_blocks(sim_cluster, worker) >= 3, 10, "its blocks in the index")
+    before = sim_cluster.worker_status()[worker]["incarnation"]
+    with contextlib.suppress(httpx.HTTPError):
+        set_faults(sim_cluster, worker, crash=True)
+    wait_for(
+        lambda: (w := sim_cluster.worker_status().get(worker)) is not None
+        and w["eligible"] and w["incarnation"] > before,
+        60, "the agent to restart the crashed sim",
+    )  # fmt: skip
+    assert index_blocks(sim_cluster, worker) == 0
+
+
+def direct_completion(cluster, worker: str) -> None:
+    body = {"model": MODEL, "prompt": unique_prompt(), "max_tokens": 1}
+    url = cluster.worker(worker).engine_url + "/v1/completions"
+    assert httpx.post(url, json=body, timeout=30).status_code == 200
+
+
+def test_when_kv_events_are_lost_the_approximate_index_keeps_a_prefix_together(sim_cluster):
+    batches = lambda w: metric(sim_cluster, "pdserve_kv_event_batches_total",  # noqa: E731
+                               worker=w, kind="batch")  # fmt: skip
+    gaps = lambda w: metric(sim_cluster, "pdserve_kv_event_batches_total",  # noqa: E731
+                            worker=w, kind="gap")  # fmt: skip
+    try:
+        for name in PREFILLS:  # the feed has seen this engine's sequence...
+            seen = batches(name)
+            direct_completion(sim_cluster, name)
+            wait_for(lambda n=name, s=seen: batches(n) > s, 10, f"{name}'s events")
+        gaps_before = {name: gaps(name) for name in PREFILLS}
+        for name in PREFILLS:  # ...then loses a batch, and notices with the next one.
+            set_faults(sim_cluster, name, kv_event_drop_probability=1.0)
+            direct_completion(sim_cluster, name)
+            set_faults(sim_cluster, name, kv_event_drop_probability=0.0)
+            direct_completion(sim_cluster, name)
+        for name in PREFILLS:
+            wait_for(lambda n=name: gaps(n) > gaps_before[n], 10, f"a gap seen on {name}")
+            set_faults(sim_cluster, name, kv_event_drop_probability=1.0)  # and stays blind
+        hits_before = metric(sim_cluster, "pdserve_routing_decisions_total", pool="prefill",
+                             reason="prefix_hit")  # fmt: skip
+        threads: list[threading.Thread] = []
+        first = send_and_see_where(sim_cluster, prefix_prompt(2, 0), threads)
+        threads[0].join(timeout=30)
+        # Past the 1 s speculative TTL (the cluster's setting): only the approximate
+        # index, which the gap switched on for these workers, still remembers the prefix.
+        time.sleep(1.5)
+        later = [send_and_see_where(sim_cluster, prefix_prompt(2, i), threads)
+                 for i in range(1, 5)]  # fmt: skip
+        for thread in threads:
+            thread.join(timeout=30)
+        assert later == [first] * 4
+        hits = metric(sim_cluster, "pdserve_routing_decisions_total", pool="prefill",
+                      reason="prefix_hit")  # fmt: skip
+        assert hits == hits_before + 4
+    finally:
+        for name in PREFILLS:
+            set_faults(sim_cluster, name, kv_event_drop_probability=0.0)

@@ -1,0 +1,128 @@
+"""The prefix index and the KV event feed that drives it (pure: no sockets, a fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, encode_batch
+from router.kv_event_feed import FeedState, KVEventFeed
+from router.prefix_index import PrefixIndex
+
+A, B, C, D = 11, 22, 33, 44  # block hashes of one prompt, in order
+
+
+def test_match_counts_only_the_leading_blocks_each_worker_holds():
+    index = PrefixIndex(max_blocks=100)
+    index.confirm("w0", [A, B, C])
+    index.confirm("w1", [A, C, D])  # holds C and D, but not B: only A is reusable
+    assert index.match([A, B, C, D], now_s=0) == {"w0": 3, "w1": 1}
+    assert index.match([B, C], now_s=0) == {"w0": 2}
+    assert index.match([D], now_s=0) == {"w1": 1}
+
+
+def test_removed_blocks_and_cleared_workers_stop_matching():
+    index = PrefixIndex(max_blocks=100)
+    index.confirm("w0", [A, B, C])
+    index.confirm("w1", [A, B])
+    index.remove("w0", [B])
+    assert index.match([A, B, C], now_s=0) == {"w0": 1, "w1": 2}
+    assert index.clear_worker("w1") == 2
+    assert index.match([A, B, C], now_s=0) == {"w0": 1}
+    assert index.blocks_held("w1") == 0
+
+
+def test_recorded_entries_expire_and_confirmed_ones_do_not():
+    index = PrefixIndex(max_blocks=100)
+    index.record("w0", [A, B], expires_s=10)
+    index.confirm("w1", [A, B])
+    assert index.match([A, B], now_s=5) == {"w0": 2, "w1": 2}
+    assert index.match([A, B], now_s=10) == {"w1": 2}
+    assert index.expire(now_s=10) == 2
+    assert index.blocks_held("w0") == 0
+
+
+def test_confirming_a_recorded_block_makes_it_permanent():
+    index = PrefixIndex(max_blocks=100)
+    index.record("w0", [A, B], expires_s=10)
+    index.confirm("w0", [A])
+    assert index.match([A, B], now_s=20) == {"w0": 1}
+    assert index.expire(now_s=20) == 1  # B only
+
+
+def test_recorded_entries_are_capped_per_worker_at_its_kv_capacity():
+    index = PrefixIndex(max_blocks=100)
+    index.record("w0", [A, B, C, D], expires_s=99, capacity_blocks=2)
+    assert index.blocks_held("w0") == 2
+    assert index.match([C, D], now_s=0) == {"w0": 2}  # the oldest (A, B) went first
+
+
+def test_the_index_holds_at_most_max_blocks_dropping_the_least_recently_used():
+    index = PrefixIndex(max_blocks=3)
+    index.confirm("w0", [A, B, C])
+    index.match([A], now_s=0)  # A is now the most recently used
+    index.confirm("w1", [D])  # over capacity: B, the least recently used, goes
+    assert len(index) == 3
+    assert index.match([A], now_s=0) == {"w0": 1}
+    assert index.match([B], now_s=0) == {}
+    assert index.blocks_held("w0") == 2
+
+
+def frames(sequence: int, events) -> list[bytes]:
+    return [b"", sequence.to_bytes(8, "big"), encode_batch(list(events), ts=0.0)]
+
+
+@pytest.fixture
+def feed():
+    clock = [100.0]
+    index = PrefixIndex(max_blocks=100)
+    seen: list[str] = []
+    feed = KVEventFeed(
+        index, fallback_s=30, clock=lambda: clock[0], on_event=lambda w, kind: seen.append(kind)
+    )
+    state = FeedState(endpoint="tcp://127.0.0.1:1", incarnation=1)
+    feed._feeds["w0"] = state
+    return feed, index, state, clock, seen
+
+
+def stored(*hashes: int) -> BlocksStored:
+    return BlocksStored(block_hashes=hashes, parent_block_hash=None, token_ids=(), block_size=16)
+
+
+def test_events_apply_stored_removed_and_cleared(feed):
+    feed, index, state, _, _ = feed
+    feed._apply("w0", state, frames(0, [stored(A, B, C)]))
+    assert index.match([A, B, C], now_s=0) == {"w0": 3}
+    feed._apply("w0", state, frames(1, [BlocksRemoved((C,))]))
+    assert index.match([A, B, C], now_s=0) == {"w0": 2}
+    assert feed.is_live("w0")
+    feed._apply("w0", state, frames(2, [AllBlocksCleared()]))
+    assert index.match([A], now_s=0) == {}
+
+
+def test_a_gap_drops_the_workers_entries_and_falls_back_for_a_while(feed):
+    feed, index, state, clock, seen = feed
+    feed._apply("w0", state, frames(0, [stored(A, B)]))
+    feed._apply("w0", state, frames(5, [stored(C)]))  # batches 1-4 were lost
+    assert seen[-2:] == ["gap", "batch"]
+    assert index.match([A, B], now_s=0) == {}  # what it held before the gap is unknown
+    assert index.match([C], now_s=0) == {"w0": 1}
+    assert not feed.is_live("w0")
+    clock[0] += 31
+    assert feed.is_live("w0")
+
+
+def test_a_sequence_that_restarts_is_an_engine_restart(feed):
+    feed, index, state, _, seen = feed
+    feed._apply("w0", state, frames(7, [stored(A)]))
+    feed._apply("w0", state, frames(0, [stored(B)]))
+    assert "restart" in seen
+    assert index.match([A], now_s=0) == {}
+    assert feed.is_live("w0")  # a restart is not a gap: the new engine's events are whole
+
+
+def test_malformed_batches_are_counted_and_ignored(feed):
+    feed, index, state, _, seen = feed
+    feed._apply("w0", state, [b"", (0).to_bytes(8, "big"), b"\xc1not msgpack"])
+    feed._apply("w0", state, [b"only one frame"])
+    assert seen == ["malformed", "malformed"]
+    assert len(index) == 0

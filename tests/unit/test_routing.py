@@ -1,0 +1,104 @@
+"""Filters, scorers and pickers: which worker each policy chooses, and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
+from router.registry import WorkerState
+from router.routing import InFlight, Pipeline, RouteQuery, parse_weights
+from router.settings import RouterSettings
+
+BLOCK = 16
+
+
+def worker(worker_id: str, kv_usage: float = 0.0) -> WorkerState:
+    registration = WorkerRegistration(
+        worker_id=worker_id, role=WorkerRole.PREFILL, model="m", engine_url="http://e"
+    )
+    return WorkerState(registration, 0.0, load=WorkerLoad(kv_cache_usage_perc=kv_usage))
+
+
+def affinity(epsilon: float = 0.25) -> Pipeline:
+    return Pipeline("prefix_affinity", parse_weights("uncached_tokens=1,queued_tokens=0.25"),
+                    epsilon)  # fmt: skip
+
+
+def pick(pipeline, workers, matched, loads=None, prompt_tokens=10 * BLOCK, exclude=()):
+    loads = loads or {}
+    query = RouteQuery(prompt_tokens=prompt_tokens, block_size=BLOCK, matched=matched)
+    return pipeline.pick("m/prefill", workers, query,
+                         lambda w: loads.get(w, InFlight()), exclude)  # fmt: skip
+
+
+def test_prefix_affinity_goes_where_the_prefix_is_cached():
+    workers = [worker("a"), worker("b"), worker("c")]
+    decision = pick(affinity(), workers, {"b": 8, "c": 2})
+    assert (decision.worker.worker_id, decision.reason) == ("b", "prefix_hit")
+    assert decision.uncached_tokens == 2 * BLOCK
+
+
+def test_a_worker_at_its_load_bound_loses_affinity_and_the_prefix_spills():
+    workers = [worker("a"), worker("b")]
+    # 3 in flight on a, none on b: mean with this request is 2, bound ceil(1.25 * 2) = 3.
+    loads = {"a": InFlight(requests=3, tokens=3 * BLOCK)}
+    decision = pick(affinity(), workers, {"a": 10}, loads)
+    assert (decision.worker.worker_id, decision.reason) == ("b", "bounded_load_spill")
+
+
+def test_below_its_bound_a_busier_worker_keeps_its_prefix_hits():
+    workers = [worker("a"), worker("b")]
+    loads = {"a": InFlight(requests=1, tokens=BLOCK)}
+    decision = pick(affinity(), workers, {"a": 10}, loads)
+    assert (decision.worker.worker_id, decision.reason) == ("a", "prefix_hit")
+
+
+def test_the_bound_is_decided_per_candidate_not_fleet_wide():
+    # One worker is overloaded; the prefix lives on another, within its bound: keep it.
+    workers = [worker("a"), worker("b"), worker("c")]
+    loads = {"a": InFlight(requests=9), "b": InFlight(requests=1)}
+    decision = pick(affinity(), workers, {"b": 10}, loads)
+    assert decision.worker.worker_id == "b"
+
+
+def test_queued_tokens_outweigh_a_small_hit():
+    workers = [worker("a"), worker("b")]
+    loads = {"a": InFlight(requests=1, tokens=5000)}
+    decision = pick(affinity(epsilon=10), workers, {"a": 1}, loads)
+    assert (decision.worker.worker_id, decision.reason) == ("b", "load")
+
+
+def test_equal_workers_share_load_by_rotation():
+    pipeline = affinity()
+    workers = [worker("a"), worker("b")]
+    chosen = [pick(pipeline, workers, {}).worker.worker_id for _ in range(4)]
+    assert sorted(chosen) == ["a", "a", "b", "b"]
+
+
+def test_excluded_workers_are_never_picked_and_none_left_is_none():
+    workers = [worker("a"), worker("b")]
+    assert pick(affinity(), workers, {"a": 10}, exclude=("a",)).worker.worker_id == "b"
+    assert pick(affinity(), workers, {}, exclude=("a", "b")) is None
+
+
+def test_round_robin_ignores_the_cache_and_least_loaded_reads_in_flight_requests():
+    workers = [worker("a"), worker("b"), worker("c")]
+    rr = Pipeline("round_robin", {}, 0.25)
+    assert [pick(rr, workers, {"a": 10}).worker.worker_id for _ in range(3)] == ["a", "b", "c"]
+    least = Pipeline("least_loaded", {}, 0.25)
+    loads = {"a": InFlight(requests=2), "c": InFlight(requests=1)}
+    decision = pick(least, workers, {"a": 10}, loads)
+    assert (decision.worker.worker_id, decision.reason) == ("b", "least_loaded")
+
+
+def test_bad_scorers_and_policies_are_refused_whole():
+    with pytest.raises(ValueError, match="unknown scorer"):
+        parse_weights("uncached_tokens=1,telepathy=2")
+    with pytest.raises(ValueError, match="numeric weight"):
+        parse_weights("uncached_tokens=lots")
+    with pytest.raises(ValueError, match="routing_policy_by_model"):
+        RouterSettings(routing_policy_by_model="m=random")
+    with pytest.raises(ValueError):
+        RouterSettings(routing_policy="random")
+    assert RouterSettings(routing_policy_by_model="a=round_robin, b=least_loaded")\
+        .routing_policies() == {"a": "round_robin", "b": "least_loaded"}  # fmt: skip
