@@ -72,8 +72,8 @@ class RouterMetrics:
         )
         self.routing_decisions = Counter(
             "pdserve_routing_decisions",
-            "Worker choices by pool, policy and reason (prefix_hit, load, bounded_load_spill, "
-            "round_robin, least_loaded)",
+            "Worker choices by pool, policy and reason (prefix_hit, bounded_load_spill, load, "
+            "cold, round_robin, least_loaded)",
             ["model", "pool", "policy", "reason"],
             registry=r,
         )

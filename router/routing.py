@@ -9,13 +9,13 @@ A *policy* is a named pipeline:
   have to compute, from the prefix index) plus ``queued_tokens`` (uncached tokens
   already in flight there) is ``prefill_cost(uncached) + queue_wait``.
   The ``bounded_load`` filter first takes affinity away from any candidate whose
-  in-flight requests have reached ceil((1 + epsilon) x mean): consistent hashing
-  with bounded loads, decided per candidate. Such a worker is still eligible, but
+  in-flight requests have reached max(floor, ceil((1 + epsilon) x mean)): consistent
+  hashing with bounded loads, decided per candidate. Such a worker is still eligible, but
   is scored as if it held nothing, so a hot prefix spills to the next best worker
   instead of melting one.
 Ties go to the worker with fewer requests in flight, then rotate.
 
-Scorers and weights are configuration (``uncached_tokens=1,queued_tokens=0.25``):
+Scorers and weights are configuration (``uncached_tokens=1,queued_tokens=0.1``):
 one plug-in per name in ``SCORERS``. Everything here is pure and synchronous.
 """
 
@@ -62,7 +62,9 @@ class RouteQuery:
 @dataclass(frozen=True, slots=True)
 class Decision:
     worker: WorkerState
-    reason: str  # prefix_hit | load | bounded_load_spill | round_robin | least_loaded
+    # prefix_hit: the deepest cached prefix; bounded_load_spill: that worker was at its
+    # bound; load: it lost on queue cost; cold: nothing cached anywhere; or the policy name.
+    reason: str
     matched_blocks: int
     uncached_tokens: int
 
@@ -92,10 +94,14 @@ def parse_weights(spec: str) -> dict[str, float]:
     return weights
 
 
-def bounded_load(candidates: list[Candidate], epsilon: float) -> None:
-    """Take affinity from candidates at or over ceil((1+epsilon) * mean in-flight)."""
+def bounded_load(candidates: list[Candidate], epsilon: float, floor: int = 0) -> None:
+    """Take affinity from candidates at or over ceil((1+epsilon) * mean in-flight).
+
+    ``floor``: below this many requests in flight a worker keeps affinity whatever the
+    mean; at low load the mean is a fraction and ceil() would allow one request only.
+    """
     total = sum(c.inflight.requests for c in candidates) + 1  # this request included
-    capacity = math.ceil((1 + epsilon) * total / len(candidates))
+    capacity = max(floor, math.ceil((1 + epsilon) * total / len(candidates)))
     for candidate in candidates:
         if candidate.inflight.requests >= capacity:
             candidate.affinity = False
@@ -106,6 +112,7 @@ class Pipeline:
     policy: str
     weights: dict[str, float]
     epsilon: float
+    load_floor: int = 0
     _cursor: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -133,7 +140,7 @@ class Pipeline:
             best = min(candidates, key=lambda c: (c.inflight.requests,
                                                   c.worker.load.kv_cache_usage_perc))  # fmt: skip
             return self._decide(best, "least_loaded")
-        bounded_load(candidates, self.epsilon)
+        bounded_load(candidates, self.epsilon, self.load_floor)
         for candidate in candidates:
             if not candidate.affinity:
                 candidate.uncached_tokens = query.prompt_tokens
@@ -142,12 +149,15 @@ class Pipeline:
         # one by name taking everything.
         order = {c.worker_id: (i - turn) % len(candidates) for i, c in enumerate(candidates)}
         best = min(candidates, key=lambda c: (c.cost, c.inflight.requests, order[c.worker_id]))
-        if best.matched_blocks and best.affinity and best.uncached_tokens < query.prompt_tokens:
+        deepest = max(candidates, key=lambda c: c.matched_blocks)
+        if not deepest.matched_blocks:
+            reason = "cold"  # nothing cached anywhere: chosen by load
+        elif best.matched_blocks >= deepest.matched_blocks and best.affinity:
             reason = "prefix_hit"
-        elif any(c.matched_blocks and not c.affinity for c in candidates):
+        elif any(c.matched_blocks > best.matched_blocks and not c.affinity for c in candidates):
             reason = "bounded_load_spill"
         else:
-            reason = "load"
+            reason = "load"  # a deeper prefix elsewhere lost on queue cost
         return self._decide(best, reason)
 
     @staticmethod

@@ -107,7 +107,7 @@ class RouterSettings(BaseModel):
         "name per policy to compare two side by side.",
     )
     prefill_scorers: str = Field(
-        "uncached_tokens=1,queued_tokens=0.25",
+        "uncached_tokens=1,queued_tokens=0.1",
         description="prefix_affinity's prefill cost, `scorer=weight,...` in token units. "
         "Scorers: uncached_tokens, queued_tokens, running_requests, kv_usage, engine_waiting.",
     )
@@ -122,6 +122,13 @@ class RouterSettings(BaseModel):
         le=10,
         description="A worker with ceil((1+epsilon) x mean) requests in flight loses its "
         "prefix affinity. Lower: more even load, fewer cache hits.",
+    )
+    bounded_load_floor: int = Field(
+        4,
+        ge=0,
+        le=10_000,
+        description="Below this many requests in flight a worker keeps its prefix affinity "
+        "whatever the mean (at low load, ceil of a fractional mean would allow just one).",
     )
     prefix_index_source: Literal["precise", "approximate", "both"] = Field(
         "both",

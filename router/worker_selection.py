@@ -215,6 +215,7 @@ class WorkerSelector:
                 policy=self.policy_of(model),
                 weights=parse_weights(scorers),
                 epsilon=self._settings.bounded_load_epsilon,
+                load_floor=self._settings.bounded_load_floor,
             )
         return pipeline
 

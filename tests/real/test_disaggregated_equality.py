@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.prometheus_text import scrape, total
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.generation import generate
-from tests.promtext import scrape, total
 
 COMPLETION_PROMPTS = [
     "def fibonacci(n):",

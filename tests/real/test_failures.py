@@ -9,11 +9,11 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.prometheus_text import scrape, total
 from cli.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
-from tests.promtext import scrape, total
 
 LONG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 

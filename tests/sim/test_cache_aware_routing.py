@@ -13,10 +13,10 @@ import uuid
 
 import httpx
 
+from benchmarks.prometheus_text import scrape, total
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
-from tests.promtext import scrape, total
 from tests.sim.faults import set_faults
 
 BLOCK = 128

@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.prometheus_text import scrape, total
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
-from tests.promtext import scrape, total
 from tests.sim.faults import set_faults
 
 CASES = [

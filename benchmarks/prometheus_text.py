@@ -1,4 +1,4 @@
-"""Read a Prometheus text exposition (vLLM's or the router's) in tests."""
+"""Read a Prometheus text exposition (vLLM's or the router's): benchmarks and tests."""
 
 from __future__ import annotations
 
