@@ -38,14 +38,16 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-async def stream_request(session: aiohttp.ClientSession, url: str, body: dict) -> RequestResult:
+async def stream_request(
+    session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
+) -> RequestResult:
     """POST a streamed completion or chat request and time it; never raises for HTTP errors."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult(started_s=time.perf_counter())
     last_s = result.started_s
     chunks = 0
     try:
-        async with session.post(url, json=body) as response:
+        async with session.post(url, json=body, headers=headers) as response:
             result.status = response.status
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:200]}"

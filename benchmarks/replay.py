@@ -2,14 +2,16 @@
 
 Closed-loop clients slow down when the server does, which hides queueing; an
 open-loop client keeps the offered rate, so queues build the way they would with
-real users. Bounded: ``max_in_flight`` caps concurrent requests (beyond it a
-request is counted as ``client_overload`` and not sent), and ``deadline_s`` stops
-the run.
+real users. ``max_concurrency`` (vLLM bench's meaning) instead holds a request at
+the client until one of that many slots is free; it is timed from its real send.
+Bounded: ``max_in_flight`` caps concurrent requests (beyond it a request is
+counted as ``client_overload`` and not sent), and ``deadline_s`` stops the run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,15 +32,18 @@ async def replay(
     schedule: Sequence[Scheduled],
     *,
     max_in_flight: int = 512,
+    max_concurrency: int | None = None,
     deadline_s: float = 600.0,
     request_timeout_s: float = 300.0,
     on_result: Callable[[RequestResult], None] = lambda result: None,
+    headers: dict[str, str] | None = None,
 ) -> list[RequestResult]:
     """Results in schedule order; unsent requests have status 0 and an error."""
     results: list[RequestResult | None] = [None] * len(schedule)
     in_flight = 0
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=max_in_flight)
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     started = time.perf_counter()
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
@@ -46,7 +51,8 @@ async def replay(
             nonlocal in_flight
             in_flight += 1
             try:
-                result = await stream_request(session, url, item.body)
+                async with slots:
+                    result = await stream_request(session, url, item.body, headers)
             finally:
                 in_flight -= 1
             result.started_s -= started

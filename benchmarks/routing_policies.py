@@ -105,7 +105,8 @@ def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
         engine="sim", sim_profile=str(profile), max_model_len=200_000,
         ready_timeout_s=300, heartbeat_interval_s=1.0, drain_timeout_s=2,
         router_env={"PDSERVE_ROUTING_POLICY": policy, "PDSERVE_HEARTBEAT_TIMEOUT_S": "30",
-                    "PDSERVE_HEALTH_TIMEOUT_S": "10"},
+                    "PDSERVE_HEALTH_TIMEOUT_S": "10",
+                    **dict(item.split("=", 1) for item in args.router_env)},
     )  # fmt: skip
     cluster = LocalCluster(plan, say=lambda line: print(f"  [{policy}] {line}", flush=True))
     try:
@@ -227,6 +228,8 @@ def main() -> int:
     parser.add_argument("--decode", type=int, default=8)
     parser.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     parser.add_argument("--deadline-s", type=float, default=600.0, help="per policy run")
+    parser.add_argument("--router-env", nargs="*", default=[],
+                        help="extra router settings, PDSERVE_X=value")  # fmt: skip
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()

@@ -2,10 +2,9 @@
 
 A trace line is ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``,
 one hash id per ``TRACE_BLOCK_TOKENS`` (512) of prompt, prefix-chained. Each hash id
-becomes a fixed block of words; a prompt is its blocks joined, cut to its length.
-Every word is one token of the model's tokenizer with a leading space, so a block
-of N words is N tokens and blocks never merge across their boundary: identical ids
-give identical token runs, and the trace's sharing survives tokenization.
+becomes a fixed block of one-token words (words.py); a prompt is its blocks joined,
+cut to its length. Identical ids give identical token runs, so the trace's sharing
+survives tokenization exactly.
 
 Scaling (shared/traces/README.md): ``length_scale`` divides lengths and the block
 size alike; ``speed`` divides the timestamps.
@@ -13,13 +12,12 @@ size alike; ``speed`` divides the timestamps.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.words import WordSource
 from contracts.block_hashing import BlockHash, block_hashes, none_hash, sha256_pickle
 from contracts.tokenization import ModelTokenizer
 
@@ -66,17 +64,15 @@ class BlockText:
     def __init__(self, tokenizer: ModelTokenizer, block_tokens: int, seed: int = 0) -> None:
         self.block_tokens = block_tokens
         self._seed = seed
-        self._words = one_token_words(tokenizer)
-        if len(self._words) < 100:
-            raise ValueError("the tokenizer has too few single-token words to build prompts")
+        self._words = WordSource(tokenizer)
         self._cache: dict[int, list[str]] = {}
 
     def block(self, hash_id: int) -> list[str]:
         words = self._cache.get(hash_id)
         if words is None:
-            digest = hashlib.sha256(f"{self._seed}:{hash_id}".encode()).digest()
-            rng = random.Random(digest)
-            words = self._cache[hash_id] = rng.choices(self._words, k=self.block_tokens)
+            words = self._cache[hash_id] = self._words.words(
+                f"trace:{self._seed}:{hash_id}", self.block_tokens
+            )
         return words
 
     def prompt(self, request: TraceRequest) -> str:
@@ -86,21 +82,6 @@ class BlockText:
             if len(words) >= request.input_tokens:
                 break
         return "".join(words[: request.input_tokens])
-
-
-def one_token_words(tokenizer: ModelTokenizer) -> list[str]:
-    """Words (with their leading space) that the tokenizer encodes as exactly one token."""
-    words = []
-    for token_id in sorted(tokenizer.tokenizer.get_vocab().values()):
-        text = tokenizer.decode_one(token_id)
-        plain_word = text.startswith(" ") and text[1:].isalpha() and text.isascii()
-        if (
-            plain_word
-            and len(text) > 2
-            and tokenizer.encode(text, add_special_tokens=False) == [token_id]
-        ):
-            words.append(text)
-    return words
 
 
 def oracle_hit_rate(prompts: Iterable[list[int]], block_size: int) -> float:

@@ -8,6 +8,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from agent import colocated
+    from benchmarks import bench_cli
     from cli import launcher, model_prep
     from decode import agent as decode_agent
     from prefill import agent as prefill_agent
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("colocated", colocated, "run a colocated agent: one plain vLLM, no P/D"),
         ("sim", sim_cli, "run simulated vLLM servers (GPU-free, calibrated timing)"),
         ("model", model_prep, "prepare a model into ~/.cache/pdserve"),
+        ("bench", bench_cli, "load-test an OpenAI-compatible endpoint; JSON + HTML report"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary)
         module.add_arguments(sub)

@@ -103,6 +103,16 @@ class _WorkerCollector(Collector):
         kv = GaugeMetricFamily(
             "pdserve_worker_kv_cache_usage_perc", "vLLM KV cache usage", labels=["worker", "role"]
         )
+        queries = GaugeMetricFamily(
+            "pdserve_worker_prefix_cache_queries",
+            "vLLM prefix_cache_queries (prompt tokens looked up), engine lifetime",
+            labels=["worker", "role"],
+        )
+        hits = GaugeMetricFamily(
+            "pdserve_worker_prefix_cache_hits",
+            "vLLM prefix_cache_hits (prompt tokens found cached), engine lifetime",
+            labels=["worker", "role"],
+        )
         now = self._clock()
         counts: dict[tuple[str, str], int] = {}
         for w in self._registry.workers():
@@ -113,9 +123,11 @@ class _WorkerCollector(Collector):
             running.add_metric(labels, w.load.num_requests_running)
             waiting.add_metric(labels, w.load.num_requests_waiting)
             kv.add_metric(labels, w.load.kv_cache_usage_perc)
+            queries.add_metric(labels, w.load.prefix_cache_queries)
+            hits.add_metric(labels, w.load.prefix_cache_hits)
         for (role, state), count in counts.items():
             eligible.add_metric([role, state], count)
-        yield from (eligible, running, waiting, kv)
+        yield from (eligible, running, waiting, kv, queries, hits)
 
 
 class _RoutingCollector(Collector):

@@ -4,7 +4,7 @@ Two sweeps, each on fresh prompts (a random token-id prefix defeats the prefix c
 - prefill: one request at a time, ``max_tokens=1``, prompt lengths L; a sim's TTFT
   for that is ``request_overhead + floor + prefill_ms_per_token * L``, so a line
   fitted to TTFT(L) gives the slope and the intercept;
-- decode: c concurrent streams of ``decode_tokens`` each; a sim's TPOT at batch c
+- decode: c closed-loop, staggered streams of ``decode_tokens`` each; a sim's TPOT at batch c
   is ``floor + decode_ms_per_seq * c + decode_ms_per_kv_ktoken * context / 1000``,
   so a line fitted to TPOT(c), less the context term, gives floor and slope.
 Terms these sweeps cannot separate (cached-context cost, KV size, transfer) keep
@@ -81,11 +81,15 @@ async def measure_sweep(
             say(f"  prefill  {length:5d} tokens: TTFT {prefill[length]:7.1f} ms")
         decode: dict[int, float] = {}
         for batch in DECODE_BATCHES:
-            results: list[RequestResult] = []
-            for _ in range(repeats):
-                results += await asyncio.gather(
-                    *(one(DECODE_PROMPT_TOKENS, DECODE_TOKENS) for _ in range(batch))
-                )
+
+            async def stream_worker(index: int, batch: int = batch) -> list[RequestResult]:
+                # A first request of a different length per worker staggers the streams,
+                # as real traffic is; lockstep streams time differently on vLLM CPU.
+                await one(DECODE_PROMPT_TOKENS, max(2, DECODE_TOKENS * (index + 1) // batch))
+                return [await one(DECODE_PROMPT_TOKENS, DECODE_TOKENS) for _ in range(repeats)]
+
+            rounds = await asyncio.gather(*(stream_worker(i) for i in range(batch)))
+            results = [r for worker_results in rounds for r in worker_results]
             decode[batch] = statistics.median(r.tpot_s or 0.0 for r in results) * 1000
             say(f"  decode   batch {batch:3d}: TPOT {decode[batch]:7.2f} ms")
     return Sweep(prefill_ttft_ms=prefill, decode_tpot_ms=decode)

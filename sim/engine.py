@@ -226,8 +226,11 @@ class SimEngine:
         emitting = list(decoding)
         for request, chunk in prefill_chunks:
             request.computed_tokens += chunk
+            # Like vLLM, every block a chunk fills becomes findable at once, so a request
+            # arriving mid-prefill already hits the finished part.
+            full_blocks = request.computed_tokens // self.pool.block_size
+            self.pool.store(request.blocks, request.hashes[:full_blocks], request.prompt_token_ids)
             if request.prefilled:
-                self.pool.store(request.blocks, request.hashes, request.prompt_token_ids)
                 emitting.append(request)  # the step that ends a prefill samples a token
         for request in emitting:
             if request not in self.running:
