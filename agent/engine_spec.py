@@ -45,6 +45,8 @@ class EngineSpec:
     # did not survive restarts; eager is the sane default there.
     enforce_eager: bool | None = None
     kv_events_endpoint: str | None = None
+    # vLLM's --prefix-caching-hash-algo; the router hashes prompts with the same one.
+    prefix_caching_hash_algo: str = "sha256"
     transport: NixlTransport | None = None
     # "sim" runs pdserve's simulator in vLLM's place: same API, same handoff.
     engine: EngineKind = "vllm"
@@ -112,6 +114,7 @@ class EngineSpec:
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
         args += ["--block-size", str(self.resolved_block_size())]
+        args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
         if self.transport:
             args += ["--kv-transfer-config", self.transport.kv_transfer_config()]
         if self.kv_events_endpoint:
@@ -138,7 +141,7 @@ class EngineSpec:
             args += ["--block-size", str(self.block_size)]
         if self.kv_events_endpoint:
             args += ["--kv-events-endpoint", self.kv_events_endpoint]
-        return args
+        return [*args, "--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)

@@ -34,6 +34,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ endpoint for KV events")
+    parser.add_argument("--prefix-caching-hash-algo", default="sha256",
+                        choices=["sha256", "sha256_cbor"])  # fmt: skip
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="vllm, or pdserve's simulator in its place")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for --engine sim")
@@ -63,6 +65,7 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "block_size": args.block_size,
         "kv_events_endpoint": args.kv_events_endpoint,
+        "prefix_caching_hash_algo": args.prefix_caching_hash_algo,
         "extra_args": tuple(extra),
         "engine": args.engine,
         "sim_profile": args.sim_profile,
@@ -99,6 +102,7 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         engine_url=f"http://{spec.host}:{spec.port}",
         kv_events_endpoint=spec.kv_events_subscribe_endpoint(),
         block_size=spec.resolved_block_size(),
+        prefix_caching_hash_algo=spec.prefix_caching_hash_algo,
         tokenizer_path=str(Path(spec.model_path).resolve()),
         kv_capacity_tokens=spec.kv_capacity_tokens(),
     )

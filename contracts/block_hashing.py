@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NewType
+
+import cbor2
 
 BlockHash = NewType("BlockHash", bytes)
 HashFn = Callable[[Any], bytes]
@@ -32,7 +35,15 @@ def sha256_pickle(value: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256_pickle}
+def sha256_cbor(value: Any) -> bytes:
+    """vLLM's ``sha256_cbor``: language-neutral serialization (canonical CBOR)."""
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+# The names are vLLM's --prefix-caching-hash-algo values. vLLM's xxhash and
+# xxhash_cbor are left out on purpose: vLLM seeds them with random bytes per process
+# unless PYTHONHASHSEED is set, so a router cannot compute their hashes.
+HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256_pickle, "sha256_cbor": sha256_cbor}
 
 
 def hash_function(name: str) -> HashFn:
@@ -75,3 +86,38 @@ def block_hashes(
 def external_block_hash(block_hash: BlockHash) -> int:
     """The integer form KV events carry: the hash's low 64 bits, read big-endian."""
     return int.from_bytes(block_hash, byteorder="big") & _LOW_64_BITS
+
+
+class MemoizedBlockHasher:
+    """``block_hashes`` with an LRU memo of (parent, block tokens) -> hash.
+
+    Prompts that share a prefix (a system prompt, earlier chat turns) repeat the same
+    blocks; looking a block up costs a fraction of serializing and hashing it. The
+    memo holds at most ``max_entries`` blocks.
+    """
+
+    def __init__(self, hash_fn: HashFn, root: BlockHash, max_entries: int = 65536) -> None:
+        self._hash_fn = hash_fn
+        self._root = root
+        self._max_entries = max_entries
+        self._memo: OrderedDict[tuple[bytes, tuple[int, ...]], BlockHash] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"MemoizedBlockHasher(entries={len(self._memo)})"
+
+    def __call__(self, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+        hashes: list[BlockHash] = []
+        parent = self._root
+        memo = self._memo
+        for start in range(0, len(token_ids) - block_size + 1, block_size):
+            key = (parent, tuple(token_ids[start : start + block_size]))
+            known = memo.get(key)
+            if known is None:
+                known = memo[key] = hash_block(self._hash_fn, parent, key[1])
+                if len(memo) > self._max_entries:
+                    memo.popitem(last=False)
+            else:
+                memo.move_to_end(key)
+            hashes.append(known)
+            parent = known
+        return hashes

@@ -15,7 +15,7 @@ A *policy* is a named pipeline:
   instead of melting one.
 Ties go to the worker with fewer requests in flight, then rotate.
 
-Scorers and weights are configuration (``uncached_tokens=1,queued_tokens=0.1``):
+Scorers and weights are configuration (``uncached_tokens=1,queued_tokens=0.02``):
 one plug-in per name in ``SCORERS``. Everything here is pure and synchronous.
 """
 

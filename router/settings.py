@@ -107,7 +107,7 @@ class RouterSettings(BaseModel):
         "name per policy to compare two side by side.",
     )
     prefill_scorers: str = Field(
-        "uncached_tokens=1,queued_tokens=0.1",
+        "uncached_tokens=1,queued_tokens=0.02",
         description="prefix_affinity's prefill cost, `scorer=weight,...` in token units. "
         "Scorers: uncached_tokens, queued_tokens, running_requests, kv_usage, engine_waiting.",
     )
@@ -165,6 +165,12 @@ class RouterSettings(BaseModel):
         ge=0,
         le=1,
         description="... and only while that decode worker's KV usage is below this.",
+    )
+    block_hash_memo_entries: int = Field(
+        65536,
+        ge=0,
+        le=10_000_000,
+        description="Blocks whose hash is remembered (LRU): shared prefixes are hashed once.",
     )
     tokenize_offload_chars: int = Field(
         16384,

@@ -19,7 +19,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from contracts.block_hashing import block_hashes, external_block_hash, hash_function, none_hash
+from contracts.block_hashing import (
+    MemoizedBlockHasher,
+    external_block_hash,
+    hash_function,
+    none_hash,
+)
 from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
 from contracts.workers import WorkerRegistration, WorkerRole
 from router.errors import InvalidRequest
@@ -57,6 +62,7 @@ class WorkerSelector:
         self._pipelines: dict[tuple[str, WorkerRole], Pipeline] = {}
         self._recent: dict[str, deque[str]] = {}  # pool -> last chosen worker ids
         self._capacity_blocks: dict[str, int | None] = {}
+        self._hashers: dict[str, MemoizedBlockHasher] = {}
         self.event_counts: Counter[tuple[str, str]] = Counter()
         self.predicted_hit_tokens: Counter[str] = Counter()
         self.routed_prompt_tokens: Counter[str] = Counter()
@@ -109,11 +115,19 @@ class WorkerSelector:
         except (PromptError, TypeError, AttributeError) as error:
             raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
         assert registration.block_size is not None
-        hash_fn = hash_function(registration.prefix_caching_hash_algo)
-        hashes = block_hashes(ids, registration.block_size, hash_fn, none_hash(hash_fn))
+        hashes = self._hasher(registration.prefix_caching_hash_algo)(ids, registration.block_size)
         return PromptBlocks(
             len(ids), registration.block_size, [external_block_hash(h) for h in hashes]
         )
+
+    def _hasher(self, algorithm: str) -> MemoizedBlockHasher:
+        hasher = self._hashers.get(algorithm)
+        if hasher is None:
+            hash_fn = hash_function(algorithm)
+            hasher = self._hashers[algorithm] = MemoizedBlockHasher(
+                hash_fn, none_hash(hash_fn), self._settings.block_hash_memo_entries
+            )
+        return hasher
 
     def pick(
         self,

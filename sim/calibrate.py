@@ -2,8 +2,9 @@
 
 Two sweeps, each on fresh prompts (a random token-id prefix defeats the prefix cache):
 - prefill: one request at a time, ``max_tokens=1``, prompt lengths L; a sim's TTFT
-  for that is ``request_overhead + floor + prefill_ms_per_token * L``, so a line
-  fitted to TTFT(L) gives the slope and the intercept;
+  for that is ``request_overhead + floor + prefill_ms_per_token * L +
+  prefill_ms_per_kpair * L * L / 2000``, so a quadratic fitted to TTFT(L) gives both
+  prefill terms and the intercept;
 - decode: c closed-loop, staggered streams of ``decode_tokens`` each; a sim's TPOT at batch c
   is ``floor + decode_ms_per_seq * c + decode_ms_per_kv_ktoken * context / 1000``,
   so a line fitted to TPOT(c), less the context term, gives floor and slope.
@@ -50,6 +51,24 @@ def fit_line(points: dict[int, float]) -> tuple[float, float]:
     xs, ys = list(points), list(points.values())
     slope, intercept = statistics.linear_regression(xs, ys)
     return intercept, slope
+
+
+def fit_prefill(points: dict[int, float]) -> tuple[float, float, float]:
+    """(intercept ms, ms per token, ms per 1000 attention pairs) from TTFT(prompt length).
+
+    One unchunked prompt of L tokens attends L * L / 2 pairs. Fitted as a quadratic
+    with non-negative terms; if the quadratic term comes out negative the line is kept.
+    """
+    import numpy as np
+
+    lengths = np.array(list(points), dtype=float)
+    ttft = np.array(list(points.values()), dtype=float)
+    design = np.column_stack([np.ones_like(lengths), lengths, lengths * lengths / 2 / 1000])
+    (intercept, per_token, per_kpair), *_ = np.linalg.lstsq(design, ttft, rcond=None)
+    if per_kpair < 0 or per_token < 0:
+        intercept, per_token = fit_line(points)
+        per_kpair = 0.0
+    return float(intercept), max(0.0, float(per_token)), float(per_kpair)
 
 
 async def measure_sweep(
@@ -105,7 +124,7 @@ def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) ->
     floor_ms, per_seq_ms = fit_line(
         {b: tpot - context_ms[b] for b, tpot in sweep.decode_tpot_ms.items()}
     )
-    intercept_ms, per_token_ms = fit_line(sweep.prefill_ttft_ms)
+    intercept_ms, per_token_ms, per_kpair_ms = fit_prefill(sweep.prefill_ttft_ms)
     floor_ms = max(0.1, floor_ms)
     return dataclasses.replace(
         base,
@@ -113,7 +132,8 @@ def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) ->
         source=source,
         floor_ms=round(floor_ms, 3),
         decode_ms_per_seq=round(max(0.0, per_seq_ms), 4),
-        prefill_ms_per_token=round(max(0.0, per_token_ms), 5),
+        prefill_ms_per_token=round(per_token_ms, 5),
+        prefill_ms_per_kpair=round(per_kpair_ms, 6),
         request_overhead_ms=round(max(0.0, intercept_ms - floor_ms), 3),
     )
 

@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=None, help="default: the profile's")
+    parser.add_argument("--prefix-caching-hash-algo", default="sha256",
+                        choices=["sha256", "sha256_cbor"])  # fmt: skip
     parser.add_argument(
         "--kv-events-endpoint",
         default=None,
@@ -69,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
             host=args.host, port=args.port + index, profile=profile, seed=args.seed,
             kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
             kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
-            faults=faults, admin_token=admin_token,
+            faults=faults, admin_token=admin_token, hash_algo=args.prefix_caching_hash_algo,
         )
         for index in range(args.count)
     ]  # fmt: skip

@@ -6,10 +6,14 @@ that fit the token budget. Its time is modelled as
     step_ms = floor_ms
             + prefill_ms_per_token     * prefill_tokens
             + prefill_ms_per_context   * cached_context_tokens_attended_by_prefills / 1000
+            + prefill_ms_per_kpair     * attention_pairs / 1000
             + decode_ms_per_seq        * decode_seqs
             + decode_ms_per_kv_ktoken  * decode_context_tokens / 1000
 
-plus ``request_overhead_ms`` once per request before it is queued (the API
+where ``attention_pairs`` sums, over the step's prefill chunks, chunk tokens x the
+tokens each attends to (its context plus half the chunk): the quadratic part of
+prefill, which makes one long prompt cost more than several short ones. Plus
+``request_overhead_ms`` once per request before it is queued (the API
 server's own work, which real vLLM pays outside the engine loop). A KV transfer
 takes ``transfer_overhead_ms + bytes / bandwidth``. Profiles are JSON files in
 ``sim/profiles/``; each names the measurement or publication its numbers come from.
@@ -41,6 +45,7 @@ class TimingProfile:
     kv_bytes_per_token: int
     transfer_gbytes_per_s: float
     transfer_overhead_ms: float
+    prefill_ms_per_kpair: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_size_tokens <= 0 or self.kv_capacity_tokens < self.block_size_tokens:
@@ -59,11 +64,13 @@ class TimingProfile:
         prefill_context_tokens: int,
         decode_seqs: int,
         decode_context_tokens: int,
+        prefill_attention_pairs: float = 0.0,
     ) -> float:
         ms = (
             self.floor_ms
             + self.prefill_ms_per_token * prefill_tokens
             + self.prefill_ms_per_context * prefill_context_tokens / 1000
+            + self.prefill_ms_per_kpair * prefill_attention_pairs / 1000
             + self.decode_ms_per_seq * decode_seqs
             + self.decode_ms_per_kv_ktoken * decode_context_tokens / 1000
         )

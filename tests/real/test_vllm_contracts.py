@@ -1,21 +1,33 @@
 """Our shared contracts against vLLM's own code (imports vLLM, starts no engine)."""
 
-from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
+import pytest
+
+from contracts.block_hashing import (
+    HASH_FUNCTIONS,
+    block_hashes,
+    external_block_hash,
+    hash_function,
+    none_hash,
+    sha256_pickle,
+)
 from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
 from sim.kv_events import encode_batch
 
 
-def test_hash_chain_equals_vllms():
-    from vllm.utils.hashing import sha256
+@pytest.mark.parametrize("algorithm", sorted(HASH_FUNCTIONS))
+def test_hash_chain_equals_vllms(algorithm):
+    from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
 
-    kv_cache_utils.init_none_hash(sha256)
+    theirs_fn = get_hash_fn_by_name(algorithm)
+    kv_cache_utils.init_none_hash(theirs_fn)
     tokens = list(range(1000, 1000 + 3 * 16 + 5))
     theirs, parent = [], None
     for start in range(0, 48, 16):
-        parent = kv_cache_utils.hash_block_tokens(sha256, parent, tokens[start : start + 16])
+        parent = kv_cache_utils.hash_block_tokens(theirs_fn, parent, tokens[start : start + 16])
         theirs.append(bytes(parent))
-    assert block_hashes(tokens, 16, sha256_pickle, none_hash(sha256_pickle)) == theirs
+    ours = hash_function(algorithm)
+    assert block_hashes(tokens, 16, ours, none_hash(ours)) == theirs
 
 
 def test_sim_kv_events_decode_with_vllms_own_types():

@@ -36,3 +36,15 @@ def test_seed_and_algorithm_are_parameters():
 def test_external_hash_is_the_low_64_bits_big_endian():
     digest = bytes(range(32))
     assert external_block_hash(digest) == int.from_bytes(bytes(range(24, 32)), "big")
+
+
+def test_the_memoized_hasher_equals_the_plain_chain_and_stays_within_its_cap():
+    from contracts.block_hashing import MemoizedBlockHasher, sha256_cbor
+
+    root = none_hash(sha256_cbor)
+    hasher = MemoizedBlockHasher(sha256_cbor, root, max_entries=8)
+    shared = list(range(64))
+    for tail in range(5):
+        tokens = shared + [1000 + tail] * 32
+        assert hasher(tokens, 16) == block_hashes(tokens, 16, sha256_cbor, root)
+    assert len(hasher._memo) == 8
