@@ -39,6 +39,32 @@ def median_ms(work: Callable[[], object], repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
+def measure(block_size: int, name: str, args: argparse.Namespace, rng: random.Random) -> dict:
+    hash_fn = HASH_FUNCTIONS[name]
+    root = none_hash(hash_fn)
+    prompts = [[rng.randrange(32000) for _ in range(args.tokens)] for _ in range(args.repeats)]
+    fresh = iter(prompts)
+    cold = median_ms(lambda: block_hashes(next(fresh), block_size, hash_fn, root), args.repeats)
+    hasher = MemoizedBlockHasher(hash_fn, root)
+    hasher(prompts[0], block_size)
+    memo = median_ms(lambda: hasher(prompts[0], block_size), args.repeats)
+    index = PrefixIndex(max_blocks=args.index_blocks + 1000)
+    for filler in range(args.index_blocks // 100):
+        index.confirm(f"w{filler % args.workers}", [rng.getrandbits(64) for _ in range(100)])
+    held = [external_block_hash(h) for h in block_hashes(prompts[0], block_size, hash_fn, root)]
+    index.confirm("w0", held)
+    for other in range(1, args.workers):  # the shared system-prompt block is everywhere
+        index.confirm(f"w{other}", held[:1])
+    lookup = median_ms(lambda: index.match(held, 0.0), args.repeats)
+    print(f"block {block_size:4d} {name:12s} hash cold {cold:.3f} ms, memoized "
+          f"{memo:.3f} ms; match {lookup:.3f} ms ({len(held)} blocks)")  # fmt: skip
+    return {
+        "block_size": block_size, "algorithm": name, "blocks": len(held),
+        "hash_cold_ms": cold, "hash_memoized_ms": memo, "index_match_ms": lookup,
+        "total_cold_ms": cold + lookup, "total_memoized_ms": memo + lookup,
+    }  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
@@ -49,35 +75,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     rng = random.Random(0)
-    rows = []
-    for block_size in args.block_sizes:
-        for name, hash_fn in HASH_FUNCTIONS.items():
-            root = none_hash(hash_fn)
-            prompts = [[rng.randrange(32000) for _ in range(args.tokens)]
-                       for _ in range(args.repeats)]  # fmt: skip
-            fresh = iter(prompts)
-            cold = median_ms(lambda: block_hashes(next(fresh), block_size, hash_fn, root),
-                             args.repeats)  # fmt: skip
-            hasher = MemoizedBlockHasher(hash_fn, root)
-            hasher(prompts[0], block_size)
-            memo = median_ms(lambda: hasher(prompts[0], block_size), args.repeats)
-            index = PrefixIndex(max_blocks=args.index_blocks + 1000)
-            for filler in range(args.index_blocks // 100):
-                index.confirm(f"w{filler % args.workers}",
-                              [rng.getrandbits(64) for _ in range(100)])  # fmt: skip
-            held = [external_block_hash(h) for h in block_hashes(prompts[0], block_size,
-                                                                 hash_fn, root)]  # fmt: skip
-            index.confirm("w0", held)
-            for other in range(1, args.workers):  # the shared system-prompt block everywhere
-                index.confirm(f"w{other}", held[:1])
-            lookup = median_ms(lambda: index.match(held, 0.0), args.repeats)
-            rows.append({
-                "block_size": block_size, "algorithm": name, "blocks": len(held),
-                "hash_cold_ms": cold, "hash_memoized_ms": memo, "index_match_ms": lookup,
-                "total_cold_ms": cold + lookup, "total_memoized_ms": memo + lookup,
-            })  # fmt: skip
-            print(f"block {block_size:4d} {name:12s} hash cold {cold:.3f} ms, memoized "
-                  f"{memo:.3f} ms; match {lookup:.3f} ms ({len(held)} blocks)")  # fmt: skip
+    rows = [measure(block_size, name, args, rng)
+            for block_size in args.block_sizes for name in HASH_FUNCTIONS]  # fmt: skip
     report = {
         "command": "python -m benchmarks.prefix_lookup " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
