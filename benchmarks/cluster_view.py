@@ -12,24 +12,9 @@ Anything the target does not expose is reported as null; a target without
 from __future__ import annotations
 
 import threading
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Samples = list[tuple[str, dict[str, str], float]]
-
-
-def _scrape(url: str) -> Samples | None:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            text = response.read().decode()
-        return [
-            (s.name, s.labels, s.value)
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        ]
-    except (OSError, ValueError):
-        return None
+from benchmarks.prometheus_text import Samples
+from benchmarks.prometheus_text import scrape_or_none as _scrape
 
 
 def _sum(samples: Samples, name: str, **labels: str) -> float | None:

@@ -6,9 +6,11 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+Samples = list[tuple[str, dict[str, str], float]]
 
-def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+
+def scrape(url: str, timeout_s: float = 5) -> Samples:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
         text = response.read().decode()
     return [
         (sample.name, sample.labels, sample.value)
@@ -17,7 +19,15 @@ def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-def total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+def scrape_or_none(url: str, timeout_s: float = 3) -> Samples | None:
+    """``scrape``, or None when the target has no readable /metrics."""
+    try:
+        return scrape(url, timeout_s)
+    except (OSError, ValueError):
+        return None
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels``."""
     return sum(
         value

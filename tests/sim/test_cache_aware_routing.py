@@ -151,3 +151,16 @@ def test_when_kv_events_are_lost_the_approximate_index_keeps_a_prefix_together(s
     finally:
         for name in PREFILLS:
             set_faults(sim_cluster, name, kv_event_drop_probability=0.0)
+
+
+def test_a_prefix_cache_reset_reaches_the_index_as_all_blocks_cleared(sim_cluster):
+    threads: list[threading.Thread] = []
+    worker = send_and_see_where(sim_cluster, unique_prompt(blocks=2), threads)
+    threads[0].join(timeout=30)
+    wait_for(lambda: index_blocks(sim_cluster, worker) >= 2, 10, "its blocks in the index")
+    reset = httpx.post(
+        sim_cluster.worker(worker).engine_url + "/reset_prefix_cache",
+        headers={"Authorization": f"Bearer {sim_cluster.admin_token}"},
+    )
+    assert reset.status_code == 200
+    wait_for(lambda: index_blocks(sim_cluster, worker) == 0, 10, "AllBlocksCleared applied")
