@@ -3,8 +3,7 @@
 Replays the Mooncake conversation trace (shared/traces) open-loop against a fresh
 sim cluster per policy: PREFILL prefill + DECODE decode sims with the H100 profile,
 the real router and agents. Scaling, as the trace README describes: lengths and the
-trace's 512-token block divided by ``--length-scale`` (the sims' KV capacity too,
-so eviction pressure stays the same), timestamps divided by ``--speed``; output
+trace's 512-token block divided by ``--length-scale``, timestamps divided by ``--speed``; output
 lengths divided by ``--output-scale`` (decode is not what is compared, and every
 token is a relayed SSE event on this 2-core box).
 
@@ -68,7 +67,7 @@ def percentile(values: list[float], q: float) -> float:
 def scaled_profile(
     length_scale: float, dilation: float, folder: Path, kv_tokens: int | None = None
 ) -> Path:
-    """The H100 profile with KV capacity scaled like the lengths and every time x dilation."""
+    """The H100 profile with every time x dilation (and KV capacity ``kv_tokens`` if given)."""
     base = load_profile(PROFILE)
     slow = {
         name: getattr(base, name) * dilation
@@ -78,7 +77,7 @@ def scaled_profile(
     }  # fmt: skip
     scaled = dataclasses.replace(
         base, name=f"{PROFILE}-len{length_scale:g}-x{dilation:g}", **slow,
-        kv_capacity_tokens=kv_tokens or int(base.kv_capacity_tokens / length_scale),
+        kv_capacity_tokens=kv_tokens or base.kv_capacity_tokens,
         transfer_gbytes_per_s=base.transfer_gbytes_per_s / dilation,
     )  # fmt: skip
     path = folder / f"{scaled.name}.json"
@@ -269,6 +268,7 @@ def main() -> int:
         "oracle_hit_rate": oracle,
         "ttft_slo_ms": args.ttft_slo_ms,
         "offered_rps": len(trace) / max(span_s, 1e-9),
+        "sim_profile": json.loads(profile.read_text()),
         "runs": runs,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
