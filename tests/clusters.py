@@ -46,7 +46,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         port=port,
         run_dir=tmp_path_factory.mktemp("cluster"),
         max_model_len=4096,
-        ready_timeout_s=400,
+        ready_timeout_s=600,  # three engines next to two spinning NIXL threads: 2-6 min
         heartbeat_interval_s=1.0,
         drain_timeout_s=5.0,
         router_env={**CROWDED_BOX_ROUTER_ENV, "PDSERVE_HEALTH_INTERVAL_S": "1"},
