@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
+from benchmarks.prometheus_text import scrape, scrape_or_none, total
 from cli.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for
@@ -52,13 +52,18 @@ def test_failed_prefill_is_retried_on_another_prefill_worker(cluster, router_url
 
 def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_url):
     def decode_gauges() -> tuple[float, float]:
-        samples = scrape(decode_engine_url + "/metrics")
+        # A starved engine can take longer than a default scrape timeout to answer.
+        samples = scrape_or_none(decode_engine_url + "/metrics", timeout_s=15)
+        if samples is None:
+            return float("inf"), float("nan")  # no answer yet: not idle
         return (
             total(samples, "vllm:num_requests_running"),
             total(samples, "vllm:generation_tokens_total"),
         )
 
-    _, generated_before = decode_gauges()
+    generated_before = total(
+        scrape(decode_engine_url + "/metrics", timeout_s=15), "vllm:generation_tokens_total"
+    )
     body = {"model": MODEL, "prompt": "a long story", **LONG_STREAM}
     with (
         httpx.Client(timeout=60) as client,
