@@ -54,20 +54,31 @@ class PrefixIndex:
         return len(self._confirmed.get(worker_id, ())) + len(self._recorded.get(worker_id, ()))
 
     def match(self, hashes: Sequence[int], now_s: float) -> dict[str, int]:
-        """Per worker, how many leading blocks of ``hashes`` it holds (absent: none)."""
+        """Per worker, how many leading blocks of ``hashes`` it holds (absent: none).
+
+        Walks the chain once; past the first block only the workers still matching are
+        checked, so a deep walk costs about one dict lookup per block."""
         matched: dict[str, int] = {}
-        alive: set[str] | None = None  # workers that held every block so far
-        for depth, block_hash in enumerate(hashes):
-            holders = self._holders.get(block_hash)
+        alive: set[str] = set()  # workers that held every block so far
+        holders_of = self._holders
+        depth = 0
+        for block_hash in hashes:
+            holders = holders_of.get(block_hash)
             if not holders:
                 break
-            self._holders.move_to_end(block_hash)
-            here = {w for w, expiry in holders.items() if expiry > now_s}
-            alive = here if alive is None else alive & here
+            holders_of.move_to_end(block_hash)
+            if depth == 0:
+                here = {w for w, expiry in holders.items() if expiry > now_s}
+            else:
+                here = {w for w in alive if holders.get(w, 0.0) > now_s}
+            for dropped in alive - here:
+                matched[dropped] = depth
+            alive = here
             if not alive:
-                break
-            for worker_id in alive:
-                matched[worker_id] = depth + 1
+                return matched
+            depth += 1
+        for worker_id in alive:
+            matched[worker_id] = depth
         return matched
 
     def confirm(self, worker_id: str, hashes: Iterable[int]) -> None:
