@@ -226,11 +226,15 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--num-requests must be between 1 and {MAX_REQUESTS}")
     if not 0 < args.duration_s <= MAX_DURATION_S:
         raise SystemExit(f"--duration-s must be in (0, {MAX_DURATION_S}]")
-    requests = build_requests(args)
     runs = []
     args.out.mkdir(parents=True, exist_ok=True)
     rates = [None] if args.arrival == "trace" else args.rates
-    for rate in rates:
+    base_seed = args.seed
+    for index, rate in enumerate(rates):
+        # Each rate of a sweep gets fresh prompts (but the same shapes): otherwise the
+        # later rates would run on prefixes the earlier ones left cached.
+        args.seed = base_seed + index
+        requests = build_requests(args)
         run = run_once(args, requests, rate or args.rates[0])
         path = args.out / f"{_file_name(run['label'])}.json"
         path.write_text(json.dumps(run, indent=1) + "\n")
