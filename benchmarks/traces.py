@@ -13,6 +13,7 @@ size alike; ``speed`` divides the timestamps.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,10 @@ from contracts.block_hashing import BlockHash, block_hashes, none_hash, sha256_p
 from contracts.tokenization import ModelTokenizer
 
 TRACE_BLOCK_TOKENS = 512
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation_trace.jsonl"
+# The team's shared folder sits beside the checkout; PDSERVE_TRACE overrides.
+DEFAULT_TRACE = Path(
+    os.environ.get("PDSERVE_TRACE")
+    or Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation_trace.jsonl"
 )
 
 

@@ -17,7 +17,7 @@ import pytest
 from agent.engine_spec import EngineSpec
 from benchmarks import report
 from benchmarks.arrivals import send_times
-from benchmarks.traces import DEFAULT_TRACE, TRACE_BLOCK_TOKENS, BlockText, read_trace
+from benchmarks.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
 from cli.engine_run import running_engine
 from cli.ports import free_ports
 from contracts.tokenization import load_tokenizer
@@ -25,6 +25,7 @@ from modelstore import tiny_llama
 from sim.profile import load_profile
 
 OVERHEAD_MS, STEP_MS = 40.0, 20.0
+TRACE_HEAD = Path(__file__).parents[1] / "data/mooncake_conversation_head300.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_trace_prompts_share_exactly_the_blocks_the_trace_shares():
     tokenizer = load_tokenizer(str(tiny_llama.ensure()))
     scale = 8
     block = TRACE_BLOCK_TOKENS // scale
-    trace = read_trace(DEFAULT_TRACE, length_scale=scale, limit=300)
+    trace = read_trace(TRACE_HEAD, length_scale=scale, limit=300)
     texts = BlockText(tokenizer, block_tokens=block)
     ids = [tokenizer.completion_ids(texts.prompt(r)) for r in trace]
     assert [len(i) for i in ids] == [r.input_tokens for r in trace]
