@@ -117,7 +117,10 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         body = await _json_body(request, settings.max_body_bytes)
         parsed = validate(schema, body, max_tokens_cap=settings.max_tokens_cap)
         endpoint = "chat" if "chat" in path else "completions"
-        if parsed.model not in registry.models():
+        served = settings.aliases().get(parsed.model, parsed.model)
+        if served != parsed.model:
+            body = {**body, "model": served}  # engines know the served name only
+        if served not in registry.models():
             metrics.requests.labels("unknown", endpoint, "404").inc()
             raise NotFound(
                 f"model {parsed.model!r} is not served here; see GET /v1/models",
@@ -125,8 +128,9 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
                 code="model_not_found",
             )
         call = GenerationCall(
-            path=path, body=body, model=parsed.model, stream=parsed.stream, arrived_s=arrived_s
-        )
+            path=path, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
+            requested_model=parsed.model,
+        )  # fmt: skip
         try:
             response = await _unless_disconnected(request, orchestrator.serve(call))
         except APIError as error:
@@ -146,11 +150,13 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize_client(request)
+        served = registry.models()
+        aliases = [a for a, model in settings.aliases().items() if model in served]
         return {
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "pdserve"}
-                for name in registry.models()
+                for name in [*served, *aliases]
             ],
         }
 

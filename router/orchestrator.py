@@ -54,6 +54,12 @@ class GenerationCall:
     model: str
     stream: bool
     arrived_s: float
+    # The name the client asked for: the model, or an alias with a routing policy of its own.
+    requested_model: str = ""
+
+    @property
+    def routing_key(self) -> str:
+        return self.requested_model or self.model
 
     @property
     def chat(self) -> bool:
@@ -127,10 +133,11 @@ class Orchestrator:
         blocks: PromptBlocks,
         tried: set[str] | tuple[()],
     ) -> Decision | None:
-        decision = self._selector.pick(call.model, role, pool, blocks, tuple(tried))
+        decision = self._selector.pick(call.routing_key, role, pool, blocks, tuple(tried))
         if decision is not None:
+            policy = self._selector.policy_of(call.routing_key)
             self._metrics.routing_decisions.labels(
-                call.model, role.value, self._selector.policy_of(call.model), decision.reason
+                call.routing_key, role.value, policy, decision.reason
             ).inc()
         return decision
 

@@ -103,8 +103,13 @@ class RouterSettings(BaseModel):
     )
     routing_policy_by_model: str = Field(
         "",
-        description="Per-model policy overrides, `model=policy,...`; e.g. serve one model "
-        "name per policy to compare two side by side.",
+        description="Per-model policy overrides, `model=policy,...` (model names or aliases).",
+    )
+    model_aliases: str = Field(
+        "",
+        description="Extra names for served models, `alias=model,...`: an alias is served by "
+        "the model's workers under its own routing policy, so two policies can run side by "
+        "side on the same pool.",
     )
     prefill_scorers: str = Field(
         "uncached_tokens=1,queued_tokens=0.02",
@@ -186,8 +191,11 @@ class RouterSettings(BaseModel):
 
     def routing_policies(self) -> dict[str, str]:
         """``routing_policy_by_model`` as a mapping."""
-        pairs = (item.partition("=") for item in self.routing_policy_by_model.split(",") if item)
-        return {model.strip(): policy.strip() for model, _, policy in pairs}
+        return _pairs(self.routing_policy_by_model)
+
+    def aliases(self) -> dict[str, str]:
+        """``model_aliases`` as alias -> served model."""
+        return _pairs(self.model_aliases)
 
     @model_validator(mode="after")
     def _check_routing(self) -> RouterSettings:
@@ -215,6 +223,11 @@ class RouterSettings(BaseModel):
             return cls(**values)
         except ValidationError as error:
             raise ValueError(f"invalid router settings: {error}") from error
+
+
+def _pairs(spec: str) -> dict[str, str]:
+    pairs = (item.partition("=") for item in spec.split(",") if item.strip())
+    return {key.strip(): value.strip() for key, _, value in pairs}
 
 
 def settings_table() -> str:

@@ -107,6 +107,9 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
             "PDSERVE_HEALTH_TIMEOUT_S": "1",  # so the hang test ejects in seconds
             "PDSERVE_KV_LEASE_S": "6",
             "PDSERVE_PREFIX_SPECULATIVE_TTL_S": "1",  # the fallback test waits it out
+            # The same pool under a second name and policy: policies side by side.
+            "PDSERVE_MODEL_ALIASES": f"{MODEL}-rr={MODEL}",
+            "PDSERVE_ROUTING_POLICY_BY_MODEL": f"{MODEL}-rr=round_robin",
         },
     )
     cluster = LocalCluster(plan)

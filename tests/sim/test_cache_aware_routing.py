@@ -164,3 +164,24 @@ def test_a_prefix_cache_reset_reaches_the_index_as_all_blocks_cleared(sim_cluste
     )
     assert reset.status_code == 200
     wait_for(lambda: index_blocks(sim_cluster, worker) == 0, 10, "AllBlocksCleared applied")
+
+
+def test_an_alias_serves_the_same_pool_under_its_own_policy(sim_cluster):
+    alias = f"{MODEL}-rr"
+    listed = httpx.get(sim_cluster.router_url + "/v1/models").json()["data"]
+    assert alias in {m["id"] for m in listed}
+
+    def decisions_by_policy() -> dict[str, float]:
+        samples = scrape(sim_cluster.router_url + "/metrics")
+        return {
+            policy: total(samples, "pdserve_routing_decisions_total", model=alias, policy=policy)
+            for policy in ("round_robin", "prefix_affinity")
+        }
+
+    before = decisions_by_policy()
+    body = {"model": alias, "prompt": unique_prompt(blocks=1), "max_tokens": 2}
+    result = generate(sim_cluster.router_url, "/v1/completions", body)
+    assert result.status == 200, result.body
+    after = decisions_by_policy()
+    assert after["round_robin"] == before["round_robin"] + 2  # a prefill and a decode choice
+    assert after["prefix_affinity"] == before["prefix_affinity"]
