@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 Samples = list[tuple[str, dict[str, str], float]]
 
 
-def scrape(url: str, timeout_s: float = 5) -> Samples:
+def scrape(url: str, timeout_s: float = 30) -> Samples:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         text = response.read().decode()
     return [

@@ -59,12 +59,17 @@ def engines(request: pytest.FixtureRequest) -> Engines:
     )
 
 
+# Generous: on the 2-core test box a real engine next to two spinning NIXL threads
+# has taken over 10 s to answer even /metrics.
+ENGINE_TIMEOUT_S = 60
+
+
 def post(url: str, body: dict) -> httpx.Response:
     return httpx.post(url, json=body, timeout=120)
 
 
 def test_models_lists_the_served_name(engines: Engines):
-    listing = httpx.get(engines.colocated_url + "/v1/models", timeout=10).json()
+    listing = httpx.get(engines.colocated_url + "/v1/models", timeout=ENGINE_TIMEOUT_S).json()
     assert listing["object"] == "list"
     assert [(m["id"], m["object"]) for m in listing["data"]] == [(COLOCATED_MODEL, "model")]
 
@@ -88,7 +93,8 @@ def test_streamed_chat_has_openai_chunks_usage_and_done(engines: Engines):
     body = {"model": COLOCATED_MODEL, "messages": [{"role": "user", "content": "Hi there"}],
             "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    with httpx.stream("POST", engines.colocated_url + "/v1/chat/completions", json=body) as reply:
+    chat_url = engines.colocated_url + "/v1/chat/completions"
+    with httpx.stream("POST", chat_url, json=body, timeout=ENGINE_TIMEOUT_S) as reply:
         assert reply.status_code == 200
         assert reply.headers["content-type"].startswith("text/event-stream")
         data = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
@@ -154,7 +160,7 @@ REQUIRED_METRICS = {
 
 
 def test_metrics_have_vllms_names_and_types(engines: Engines):
-    text = httpx.get(engines.colocated_url + "/metrics", timeout=10).text
+    text = httpx.get(engines.colocated_url + "/metrics", timeout=ENGINE_TIMEOUT_S).text
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert {name: families.get(name) for name in REQUIRED_METRICS} == REQUIRED_METRICS
 
