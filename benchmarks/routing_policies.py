@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks.client import RequestResult
+from benchmarks.metrics import error_kind, percentiles
 from benchmarks.prometheus_text import scrape, total
 from benchmarks.replay import Scheduled, replay
 from benchmarks.traces import (
@@ -55,13 +56,6 @@ from sim.profile import load_profile
 
 POLICIES = ("round_robin", "least_loaded", "prefix_affinity")
 PROFILE = "llama3-8b-h100"
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def scaled_profile(
@@ -131,6 +125,7 @@ def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
         cluster.stop()
     ok = [r for r in results if r.ok and r.ttft_s is not None]
     ttft_ms = [r.ttft_s * 1000 for r in ok]
+    ttft = percentiles([r.ttft_s for r in ok])
     routed = [
         total(router1, "pdserve_routed_requests_total", worker=w.name)
         - total(router0, "pdserve_routed_requests_total", worker=w.name)
@@ -145,8 +140,7 @@ def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
     errors: dict[str, int] = {}
     for result in results:
         if not result.ok:
-            key = (result.error or f"HTTP {result.status}").split(":")[0]
-            errors[key] = errors.get(key, 0) + 1
+            errors[error_kind(result)] = errors.get(error_kind(result), 0) + 1
     meeting_slo = sum(1 for t in ttft_ms if t <= args.ttft_slo_ms)
     return {
         "policy": policy,
@@ -160,10 +154,10 @@ def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
             for w in cluster.workers
             if w.role == "prefill"
         },
-        "ttft_p50_ms": percentile(ttft_ms, 0.5),
-        "ttft_p90_ms": percentile(ttft_ms, 0.9),
-        "ttft_p99_ms": percentile(ttft_ms, 0.99),
-        "ttft_mean_ms": statistics.fmean(ttft_ms) if ttft_ms else float("nan"),
+        "ttft_p50_ms": ttft["p50"],
+        "ttft_p90_ms": ttft["p90"],
+        "ttft_p99_ms": ttft["p99"],
+        "ttft_mean_ms": ttft["mean"],
         "hotspot_factor": len(routed) * max(routed) / max(1.0, sum(routed)),
         "prefill_requests_per_worker": routed,
         "prefill_decisions_by_reason": {k: v for k, v in reasons.items() if v},

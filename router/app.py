@@ -51,6 +51,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         keepalive_s=settings.upstream_keepalive_s,
     )
     selector = WorkerSelector(settings, clock=clock)
+    aliases = settings.aliases()  # parsed once, not per request
     metrics = RouterMetrics(registry, selector, clock)
     orchestrator = Orchestrator(
         settings=settings, registry=registry, upstream=upstream, metrics=metrics,
@@ -117,7 +118,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
         body = await _json_body(request, settings.max_body_bytes)
         parsed = validate(schema, body, max_tokens_cap=settings.max_tokens_cap)
         endpoint = "chat" if "chat" in path else "completions"
-        served = settings.aliases().get(parsed.model, parsed.model)
+        served = aliases.get(parsed.model, parsed.model)
         if served != parsed.model:
             body = {**body, "model": served}  # engines know the served name only
         if served not in registry.models():
@@ -151,12 +152,12 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     async def models(request: Request) -> dict[str, Any]:
         authorize_client(request)
         served = registry.models()
-        aliases = [a for a, model in settings.aliases().items() if model in served]
+        listed = [a for a, model in aliases.items() if model in served]
         return {
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "pdserve"}
-                for name in [*served, *aliases]
+                for name in [*served, *listed]
             ],
         }
 

@@ -85,9 +85,6 @@ class KVEventFeed:
         feed = self._feeds.get(worker_id)
         return feed is not None and feed.batches > 0 and self._clock() >= feed.not_live_until_s
 
-    def stats(self, worker_id: str) -> FeedState | None:
-        return self._feeds.get(worker_id)
-
     async def close(self) -> None:
         tasks = [f.task for f in self._feeds.values() if f.task is not None]
         for task in tasks:

@@ -63,6 +63,7 @@ class WorkerSelector:
         self._recent: dict[str, deque[str]] = {}  # pool -> last chosen worker ids
         self._capacity_blocks: dict[str, int | None] = {}
         self._hashers: dict[str, MemoizedBlockHasher] = {}
+        self._policies = settings.routing_policies()  # parsed once, not per request
         self.event_counts: Counter[tuple[str, str]] = Counter()
         self.predicted_hit_tokens: Counter[str] = Counter()
         self.routed_prompt_tokens: Counter[str] = Counter()
@@ -178,14 +179,11 @@ class WorkerSelector:
     @contextlib.contextmanager
     def track(self, worker_id: str, tokens: int) -> Iterator[None]:
         """Count a request in flight on a worker for the duration of the block."""
-        load = self.inflight(worker_id)
-        load.requests += 1
-        load.tokens += tokens
+        end = self.begin(worker_id, tokens)
         try:
             yield
         finally:
-            load.requests -= 1
-            load.tokens -= tokens
+            end()
 
     def begin(self, worker_id: str, tokens: int) -> Callable[[], None]:
         """``track`` for work that ends in a callback (a relayed stream): returns the end."""
@@ -211,7 +209,7 @@ class WorkerSelector:
         return workers * max(Counter(recent).values()) / len(recent)
 
     def policy_of(self, model: str) -> str:
-        return self._settings.routing_policies().get(model, self._settings.routing_policy)
+        return self._policies.get(model, self._settings.routing_policy)
 
     def expire(self) -> int:
         return self.index.expire(self._clock())
