@@ -2,9 +2,14 @@
 index lookup, for a 4k-token prompt (ARCHITECTURE budget: under 0.2 ms together).
 
 Measured side by side in one run, median of many repetitions:
-- hashing cold (every block new) and memoized (a repeated prefix), per algorithm;
+- hashing the whole chain cold (every block new) and memoized (a repeated prefix),
+  per algorithm;
 - ``PrefixIndex.match`` on an index holding ``--index-blocks`` blocks over
-  ``--workers`` workers, for a prompt fully held by one worker (the deepest walk).
+  ``--workers`` workers, for a prompt fully held by one worker (the deepest walk);
+- the router's lookup as it runs (``PromptBlocks``: hashing only as deep as the index
+  matches): a prompt one worker holds whole (memoized walk), and a new prompt whose
+  first block only is held everywhere (hashes two blocks). The new prompt's other
+  blocks are hashed afterwards, for the chosen worker's record: ``hash_cold_ms``.
 
     python -m benchmarks.prefix_lookup [--tokens 4096] [--out benchmarks/results]
 """
@@ -28,6 +33,7 @@ from contracts.block_hashing import (
     none_hash,
 )
 from router.prefix_index import PrefixIndex
+from router.worker_selection import PromptBlocks
 
 
 def median_ms(work: Callable[[], object], repeats: int) -> float:
@@ -56,12 +62,24 @@ def measure(block_size: int, name: str, args: argparse.Namespace, rng: random.Ra
     for other in range(1, args.workers):  # the shared system-prompt block is everywhere
         index.confirm(f"w{other}", held[:1])
     lookup = median_ms(lambda: index.match(held, 0.0), args.repeats)
+
+    def route(prompt: list[int]) -> dict[str, int]:
+        return index.match(PromptBlocks(len(prompt), block_size, hasher.lazy(prompt, block_size))
+                           .leading(), 0.0)  # fmt: skip
+
+    assert route(prompts[0]) == index.match(held, 0.0)
+    route_held = median_ms(lambda: route(prompts[0]), args.repeats)
+    shared_first = [prompts[0][:block_size] + p[block_size:] for p in prompts]
+    new = iter(shared_first)
+    route_new = median_ms(lambda: route(next(new)), args.repeats)
     print(f"block {block_size:4d} {name:12s} hash cold {cold:.3f} ms, memoized "
-          f"{memo:.3f} ms; match {lookup:.3f} ms ({len(held)} blocks)")  # fmt: skip
+          f"{memo:.3f} ms; match {lookup:.3f} ms ({len(held)} blocks); routing lookup: "
+          f"held {route_held:.3f} ms, new {route_new:.3f} ms")  # fmt: skip
     return {
         "block_size": block_size, "algorithm": name, "blocks": len(held),
         "hash_cold_ms": cold, "hash_memoized_ms": memo, "index_match_ms": lookup,
         "total_cold_ms": cold + lookup, "total_memoized_ms": memo + lookup,
+        "routing_lookup_held_ms": route_held, "routing_lookup_new_ms": route_new,
     }  # fmt: skip
 
 

@@ -66,12 +66,13 @@ def scaled_profile(
     slow = {
         name: getattr(base, name) * dilation
         for name in ("request_overhead_ms", "floor_ms", "prefill_ms_per_token",
-                     "prefill_ms_per_context", "decode_ms_per_seq", "decode_ms_per_kv_ktoken",
-                     "transfer_overhead_ms")
+                     "prefill_ms_per_context", "prefill_ms_per_kpair", "decode_ms_per_seq",
+                     "decode_ms_per_kv_ktoken", "transfer_overhead_ms")
     }  # fmt: skip
     scaled = dataclasses.replace(
         base, name=f"{PROFILE}-len{length_scale:g}-x{dilation:g}", **slow,
         kv_capacity_tokens=kv_tokens or base.kv_capacity_tokens,
+        prefill_ms_curve=tuple((tokens, ms * dilation) for tokens, ms in base.prefill_ms_curve),
         transfer_gbytes_per_s=base.transfer_gbytes_per_s / dilation,
     )  # fmt: skip
     path = folder / f"{scaled.name}.json"
@@ -89,8 +90,8 @@ def engine_prefix_counters(cluster: LocalCluster, role: str) -> tuple[float, flo
     return hits, queries
 
 
-def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
-               profile: Path, work: Path) -> dict:  # fmt: skip
+def run_policy(policy: str, schedule: list[Scheduled], input_tokens: list[int],
+               args: argparse.Namespace, profile: Path, work: Path) -> dict:  # fmt: skip
     (port,) = free_ports(1)
     plan = ClusterPlan(
         model_path=tiny_llama.ensure(), served_name=tiny_llama.SERVED_NAME,
@@ -164,7 +165,25 @@ def run_policy(policy: str, schedule: list[Scheduled], args: argparse.Namespace,
         "goodput_rps": meeting_slo / duration_s,
         "slo_attainment": meeting_slo / max(1, len(results)),
         "ttft_ms_sorted": sorted(ttft_ms),
+        # What the tail is made of: the slowest 1% with their prompt lengths and send times.
+        "slowest_1pct": slowest(results, input_tokens, schedule, max(1, len(ok) // 100)),
     }
+
+
+def slowest(
+    results: list[RequestResult], input_tokens: list[int], schedule: list[Scheduled], count: int
+) -> list[dict]:
+    timed = [
+        (result, tokens, item)
+        for result, tokens, item in zip(results, input_tokens, schedule, strict=True)
+        if result.ok and result.ttft_s is not None
+    ]
+    timed.sort(key=lambda row: -(row[0].ttft_s or 0.0))
+    return [
+        {"ttft_ms": round((r.ttft_s or 0.0) * 1000), "input_tokens": tokens,
+         "sent_at_s": round(item.send_at_s, 1)}
+        for r, tokens, item in timed[:count]
+    ]  # fmt: skip
 
 
 def plot(report: dict, path: Path) -> None:
@@ -252,7 +271,8 @@ def main() -> int:
           f"oracle hit rate {oracle:.1%}", flush=True)  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="pdserve-routing-bench-"))
     profile = scaled_profile(args.length_scale, args.time_dilation, work, args.kv_tokens)
-    runs = [run_policy(policy, schedule, args, profile, work) for policy in args.policies]
+    lengths = [r.input_tokens for r in trace]
+    runs = [run_policy(policy, schedule, lengths, args, profile, work) for policy in args.policies]
     report = {
         "title": f"Mooncake trace, first {len(trace)} requests, speed x{args.speed:g}, lengths "
                  f"/{args.length_scale:g}; {args.prefill}P+{args.decode}D sims ({PROFILE}, "

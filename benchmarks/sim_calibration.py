@@ -40,7 +40,7 @@ SHIPPED_PROFILE = {"tiny": "tiny-cpu", "smollm2": "smollm2-cpu"}
 CONCURRENCY = 4
 CHECK_LENGTHS = (128, 512, 1024, 256)
 CHECK_TOKENS = 32
-CHECK_REQUESTS = 16
+CHECK_REQUESTS = 48  # 12 of each length: percentiles that hold still between runs
 TOLERANCE = 0.25
 
 
@@ -88,7 +88,7 @@ def run_model(name: str, work: Path) -> dict:
     print(f"[{name}] real vLLM: starting (log {work / f'{name}-vllm.log'})", flush=True)
     with running_engine(spec, work / f"{name}-vllm.log") as url:
         print(f"[{name}] real vLLM: calibration sweep", flush=True)
-        sweep = asyncio.run(measure_sweep(url, served, vocab_size=vocab))
+        sweep = asyncio.run(measure_sweep(url, served, vocab_size=vocab, repeats=5))
         print(f"[{name}] real vLLM: check workload", flush=True)
         real = summarize(asyncio.run(check_workload(url, served, vocab)))
     fitted = fit_profile(sweep, shipped, name=f"{shipped.name}-fitted",

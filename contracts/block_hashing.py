@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NewType
 
 import cbor2
@@ -28,6 +29,7 @@ HashFn = Callable[[Any], bytes]
 # vLLM's seed for NONE_HASH when PYTHONHASHSEED is unset (v1/core/kv_cache_utils.py).
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 _LOW_64_BITS = (1 << 64) - 1
+_PACKED_TOKEN_BYTES = array("q").itemsize
 
 
 def sha256_pickle(value: Any) -> bytes:
@@ -93,31 +95,43 @@ class MemoizedBlockHasher:
 
     Prompts that share a prefix (a system prompt, earlier chat turns) repeat the same
     blocks; looking a block up costs a fraction of serializing and hashing it. The
-    memo holds at most ``max_entries`` blocks.
+    memo key is the block's token ids packed as bytes (one C-level copy of the prompt,
+    then a slice per block): a tuple of ints per block cost more than the hash it saved.
+    The memo holds at most ``max_entries`` blocks.
     """
 
     def __init__(self, hash_fn: HashFn, root: BlockHash, max_entries: int = 65536) -> None:
         self._hash_fn = hash_fn
         self._root = root
         self._max_entries = max_entries
-        self._memo: OrderedDict[tuple[bytes, tuple[int, ...]], BlockHash] = OrderedDict()
+        self._memo: OrderedDict[tuple[bytes, bytes], BlockHash] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"MemoizedBlockHasher(entries={len(self._memo)})"
 
     def __call__(self, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-        hashes: list[BlockHash] = []
+        return list(self.lazy(token_ids, block_size))
+
+    def lazy(self, token_ids: Sequence[int], block_size: int) -> Iterator[BlockHash]:
+        """The chain one block at a time, so a caller can stop where nothing matches."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        full = len(token_ids) // block_size * block_size
+        packed = array("q", token_ids[:full]).tobytes()
+        width = block_size * _PACKED_TOKEN_BYTES
         parent = self._root
         memo = self._memo
-        for start in range(0, len(token_ids) - block_size + 1, block_size):
-            key = (parent, tuple(token_ids[start : start + block_size]))
+        for start in range(0, full, block_size):
+            offset = start * _PACKED_TOKEN_BYTES
+            key = (parent, packed[offset : offset + width])
             known = memo.get(key)
             if known is None:
-                known = memo[key] = hash_block(self._hash_fn, parent, key[1])
+                known = memo[key] = hash_block(
+                    self._hash_fn, parent, token_ids[start : start + block_size]
+                )
                 if len(memo) > self._max_entries:
                     memo.popitem(last=False)
             else:
                 memo.move_to_end(key)
-            hashes.append(known)
+            yield known
             parent = known
-        return hashes

@@ -53,13 +53,13 @@ class PrefixIndex:
     def blocks_held(self, worker_id: str) -> int:
         return len(self._confirmed.get(worker_id, ())) + len(self._recorded.get(worker_id, ()))
 
-    def match(self, hashes: Sequence[int], now_s: float) -> dict[str, int]:
+    def match(self, hashes: Iterable[int], now_s: float) -> dict[str, int]:
         """Per worker, how many leading blocks of ``hashes`` it holds (absent: none).
 
         Walks the chain once; past the first block only the workers still matching are
         checked, so a deep walk costs about one dict lookup per block."""
         matched: dict[str, int] = {}
-        alive: set[str] = set()  # workers that held every block so far
+        alive: list[str] = []  # workers that held every block so far
         holders_of = self._holders
         depth = 0
         for block_hash in hashes:
@@ -68,12 +68,18 @@ class PrefixIndex:
                 break
             holders_of.move_to_end(block_hash)
             if depth == 0:
-                here = {w for w, expiry in holders.items() if expiry > now_s}
+                alive = [w for w, expiry in holders.items() if expiry > now_s]
+            elif len(alive) == 1:  # the common deep walk: one worker holds the prefix
+                if holders.get(alive[0], 0.0) <= now_s:
+                    matched[alive[0]] = depth
+                    return matched
             else:
-                here = {w for w in alive if holders.get(w, 0.0) > now_s}
-            for dropped in alive - here:
-                matched[dropped] = depth
-            alive = here
+                here = [w for w in alive if holders.get(w, 0.0) > now_s]
+                if len(here) < len(alive):
+                    for dropped in alive:
+                        if dropped not in here:
+                            matched[dropped] = depth
+                    alive = here
             if not alive:
                 return matched
             depth += 1

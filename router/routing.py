@@ -94,16 +94,31 @@ def parse_weights(spec: str) -> dict[str, float]:
     return weights
 
 
-def bounded_load(candidates: list[Candidate], epsilon: float, floor: int = 0) -> None:
-    """Take affinity from candidates at or over ceil((1+epsilon) * mean in-flight).
+def bounded_load(
+    candidates: list[Candidate], epsilon: float, floor: int = 0, token_floor: int = 0
+) -> None:
+    """Take affinity from candidates at or over their load bound.
 
-    ``floor``: below this many requests in flight a worker keeps affinity whatever the
-    mean; at low load the mean is a fraction and ceil() would allow one request only.
+    Two bounds, either one takes affinity away:
+    - requests: ceil((1+epsilon) x mean in-flight requests), never below ``floor``
+      (at low load the mean is a fraction and ceil() would allow one request only);
+    - tokens (when ``token_floor`` > 0): the candidate's queued uncached tokens plus this
+      request's would exceed (1+epsilon) x the mean queued tokens and ``token_floor``.
+      A request count treats a 16k-token prompt like a 100-token one; a short prompt
+      sent by affinity behind it waits for the whole long prefill.
     """
     total = sum(c.inflight.requests for c in candidates) + 1  # this request included
     capacity = max(floor, math.ceil((1 + epsilon) * total / len(candidates)))
+    token_capacity = 0.0
+    if token_floor > 0:
+        queued = sum(c.inflight.tokens for c in candidates)
+        mean = (queued + min(c.uncached_tokens for c in candidates)) / len(candidates)
+        token_capacity = max(token_floor, (1 + epsilon) * mean)
     for candidate in candidates:
-        if candidate.inflight.requests >= capacity:
+        queue_if_chosen = candidate.inflight.tokens + candidate.uncached_tokens
+        if candidate.inflight.requests >= capacity or (
+            token_floor > 0 and queue_if_chosen > token_capacity
+        ):
             candidate.affinity = False
 
 
@@ -113,6 +128,7 @@ class Pipeline:
     weights: dict[str, float]
     epsilon: float
     load_floor: int = 0
+    token_floor: int = 0
     _cursor: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -140,7 +156,7 @@ class Pipeline:
             best = min(candidates, key=lambda c: (c.inflight.requests,
                                                   c.worker.load.kv_cache_usage_perc))  # fmt: skip
             return self._decide(best, "least_loaded")
-        bounded_load(candidates, self.epsilon, self.load_floor)
+        bounded_load(candidates, self.epsilon, self.load_floor, self.token_floor)
         for candidate in candidates:
             if not candidate.affinity:
                 candidate.uncached_tokens = query.prompt_tokens

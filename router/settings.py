@@ -135,6 +135,14 @@ class RouterSettings(BaseModel):
         description="Below this many requests in flight a worker keeps its prefix affinity "
         "whatever the mean (at low load, ceil of a fractional mean would allow just one).",
     )
+    bounded_load_token_floor: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Also bound load in queued uncached prompt tokens: a worker whose queue "
+        "plus this prompt would exceed max(this, (1+epsilon) x mean) loses affinity, so short "
+        "prompts do not wait behind a long prefill. 0: off.",
+    )
     prefix_index_source: Literal["precise", "approximate", "both"] = Field(
         "both",
         description="precise: engines' KV events; approximate: what the router sent where "

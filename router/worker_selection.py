@@ -17,9 +17,9 @@ import contextlib
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from contracts.block_hashing import (
+    BlockHash,
     MemoizedBlockHasher,
     external_block_hash,
     hash_function,
@@ -37,16 +37,55 @@ from router.settings import RouterSettings
 log = logging.getLogger("pdserve.router")
 
 
-@dataclass(frozen=True, slots=True)
 class PromptBlocks:
-    token_count: int
-    block_size: int
-    hashes: list[int]  # external 64-bit hashes of the full blocks, in order
+    """A prompt's block hashes (vLLM's external 64-bit form), computed as far as asked.
+
+    Routing needs only as many leading blocks as some worker holds, plus one: a cold
+    4k-token prompt at block size 16 is routed after hashing one block, not 256.
+    Blocks a worker held were hashed before and come from the hasher's memo. The rest
+    are hashed when the chosen worker's routing-time record needs them.
+    """
+
+    __slots__ = ("_chain", "_hashes", "block_size", "token_count")
+
+    def __init__(
+        self, token_count: int, block_size: int, chain: Iterator[BlockHash] | None = None
+    ) -> None:
+        self.token_count = token_count
+        self.block_size = block_size
+        self._chain = chain
+        self._hashes: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"PromptBlocks(tokens={self.token_count}, hashed={len(self._hashes)})"
 
     @classmethod
     def unknown(cls, token_count: int = 0) -> PromptBlocks:
         """No tokenizer or block size known for the model: nothing to match."""
-        return cls(token_count=token_count, block_size=1, hashes=[])
+        return cls(token_count=token_count, block_size=1)
+
+    @property
+    def known(self) -> bool:
+        """Whether the prompt has full blocks the index could hold."""
+        return self._chain is not None and self.token_count >= self.block_size
+
+    def leading(self) -> Iterator[int]:
+        """The hashes from the first block on, hashing only as far as the caller reads."""
+        hashes = self._hashes
+        position = 0
+        while True:
+            if position == len(hashes):
+                block_hash = next(self._chain, None) if self._chain is not None else None
+                if block_hash is None:
+                    return
+                hashes.append(external_block_hash(block_hash))
+            yield hashes[position]
+            position += 1
+
+    def all(self) -> list[int]:
+        for _ in self.leading():
+            pass
+        return self._hashes
 
 
 class WorkerSelector:
@@ -116,9 +155,9 @@ class WorkerSelector:
         except (PromptError, TypeError, AttributeError) as error:
             raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
         assert registration.block_size is not None
-        hashes = self._hasher(registration.prefix_caching_hash_algo)(ids, registration.block_size)
+        hasher = self._hasher(registration.prefix_caching_hash_algo)
         return PromptBlocks(
-            len(ids), registration.block_size, [external_block_hash(h) for h in hashes]
+            len(ids), registration.block_size, hasher.lazy(ids, registration.block_size)
         )
 
     def _hasher(self, algorithm: str) -> MemoizedBlockHasher:
@@ -142,7 +181,7 @@ class WorkerSelector:
         query = RouteQuery(
             prompt_tokens=max(1, blocks.token_count),
             block_size=blocks.block_size,
-            matched=self.index.match(blocks.hashes, now) if blocks.hashes else {},
+            matched=self.index.match(blocks.leading(), now) if blocks.known else {},
         )
         decision = self._pipeline(model, role).pick(
             f"{model}/{role.value}", workers, query, self.inflight, exclude
@@ -160,7 +199,7 @@ class WorkerSelector:
         if decision is not None:
             self.routed_prompt_tokens[worker_id] += blocks.token_count
             self.predicted_hit_tokens[worker_id] += blocks.token_count - decision.uncached_tokens
-        if not blocks.hashes:
+        if not blocks.known:
             return
         live = self.feed.is_live(worker_id) and self._settings.prefix_index_source != "approximate"
         ttl_s = (
@@ -169,7 +208,7 @@ class WorkerSelector:
             else self._settings.prefix_approximate_ttl_s
         )
         self.index.record(
-            worker_id, blocks.hashes, expires_s=self._clock() + ttl_s,
+            worker_id, blocks.all(), expires_s=self._clock() + ttl_s,
             capacity_blocks=self._capacity_blocks.get(worker_id),
         )  # fmt: skip
 
@@ -228,6 +267,7 @@ class WorkerSelector:
                 weights=parse_weights(scorers),
                 epsilon=self._settings.bounded_load_epsilon,
                 load_floor=self._settings.bounded_load_floor,
+                token_floor=self._settings.bounded_load_token_floor,
             )
         return pipeline
 

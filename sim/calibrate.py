@@ -1,10 +1,12 @@
 """``pdserve sim calibrate``: measure a real engine and fit a timing profile to it.
 
 Two sweeps, each on fresh prompts (a random token-id prefix defeats the prefix cache):
-- prefill: one request at a time, ``max_tokens=1``, prompt lengths L; a sim's TTFT
-  for that is ``request_overhead + floor + prefill_ms_per_token * L +
-  prefill_ms_per_kpair * L * L / 2000``, so a quadratic fitted to TTFT(L) gives both
-  prefill terms and the intercept;
+- prefill: one request at a time, ``max_tokens=1``, prompt lengths L. A sim's TTFT
+  for that is ``request_overhead + floor + fresh_prefill_ms(L)``. The measured
+  TTFT(L), less the step floor and the request overhead, becomes the profile's
+  ``prefill_ms_curve`` (real vLLM on CPU is neither linear nor quadratic in L); a
+  quadratic fitted to the same points gives the terms used past the curve and for
+  attention over cached context;
 - decode: c closed-loop, staggered streams of ``decode_tokens`` each; a sim's TPOT at batch c
   is ``floor + decode_ms_per_seq * c + decode_ms_per_kv_ktoken * context / 1000``,
   so a line fitted to TPOT(c), less the context term, gives floor and slope.
@@ -29,7 +31,7 @@ import aiohttp
 from benchmarks.client import RequestResult, stream_request
 from sim.profile import TimingProfile
 
-PREFILL_LENGTHS = (64, 256, 512, 1024, 1536)
+PREFILL_LENGTHS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
 DECODE_BATCHES = (1, 2, 4, 8)
 DECODE_PROMPT_TOKENS = 64
 DECODE_TOKENS = 64
@@ -114,6 +116,26 @@ async def measure_sweep(
     return Sweep(prefill_ttft_ms=prefill, decode_tpot_ms=decode)
 
 
+def prefill_curve(points: dict[int, float], fixed_ms: float) -> tuple[tuple[int, float], ...]:
+    """(L, TTFT(L) - fixed) for the measured lengths, made non-decreasing and >= 0.
+
+    A shorter prompt never costs more than a longer one; a noisy sample that says
+    so is raised to its predecessor rather than kept as a dip."""
+    curve: list[tuple[int, float]] = []
+    highest = 0.0
+    for length in sorted(points):
+        highest = max(highest, points[length] - fixed_ms)
+        curve.append((length, round(highest, 3)))
+    return tuple(curve)
+
+
+def prefill_intercept_ms(points: dict[int, float]) -> float:
+    """TTFT at zero tokens: the two shortest prompts' line, extended back to 0."""
+    (short, short_ms), (longer, longer_ms) = sorted(points.items())[:2]
+    slope = max(0.0, (longer_ms - short_ms) / (longer - short))
+    return min(short_ms, max(0.0, short_ms - slope * short))
+
+
 def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) -> TimingProfile:
     """The base profile with the step-time terms the sweep measures replaced."""
     mean_context = DECODE_PROMPT_TOKENS + DECODE_TOKENS / 2
@@ -124,8 +146,12 @@ def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) ->
     floor_ms, per_seq_ms = fit_line(
         {b: tpot - context_ms[b] for b, tpot in sweep.decode_tpot_ms.items()}
     )
-    intercept_ms, per_token_ms, per_kpair_ms = fit_prefill(sweep.prefill_ttft_ms)
+    _, per_token_ms, per_kpair_ms = fit_prefill(sweep.prefill_ttft_ms)
+    # The decode sweep measures the step floor; whatever a prompt's TTFT has beyond it
+    # at zero tokens is per-request overhead. A prefill intercept below the floor
+    # (noise in the extrapolation) means no overhead, never a smaller floor.
     floor_ms = max(0.1, floor_ms)
+    overhead_ms = max(0.0, prefill_intercept_ms(sweep.prefill_ttft_ms) - floor_ms)
     return dataclasses.replace(
         base,
         name=name,
@@ -134,7 +160,8 @@ def fit_profile(sweep: Sweep, base: TimingProfile, *, name: str, source: str) ->
         decode_ms_per_seq=round(max(0.0, per_seq_ms), 4),
         prefill_ms_per_token=round(per_token_ms, 5),
         prefill_ms_per_kpair=round(per_kpair_ms, 6),
-        request_overhead_ms=round(max(0.0, intercept_ms - floor_ms), 3),
+        prefill_ms_curve=prefill_curve(sweep.prefill_ttft_ms, floor_ms + overhead_ms),
+        request_overhead_ms=round(overhead_ms, 3),
     )
 
 

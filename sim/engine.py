@@ -135,11 +135,7 @@ class SimEngine:
                 await asyncio.sleep(0.05)
                 continue
             step_s = self.profile.step_s(
-                prefill_tokens=sum(chunk for _, chunk in prefill_chunks),
-                prefill_context_tokens=sum(r.computed_tokens for r, _ in prefill_chunks),
-                prefill_attention_pairs=sum(
-                    chunk * (r.computed_tokens + chunk / 2) for r, chunk in prefill_chunks
-                ),
+                prefill_chunks=[(chunk, r.computed_tokens) for r, chunk in prefill_chunks],
                 decode_seqs=len(decoding),
                 decode_context_tokens=sum(len(r.prompt_token_ids) + r.generated for r in decoding),
             )

@@ -4,16 +4,26 @@ One engine step runs every running decode (one token each) plus prefill chunks
 that fit the token budget. Its time is modelled as
 
     step_ms = floor_ms
-            + prefill_ms_per_token     * prefill_tokens
-            + prefill_ms_per_context   * cached_context_tokens_attended_by_prefills / 1000
-            + prefill_ms_per_kpair     * attention_pairs / 1000
+            + sum over the step's prefill chunks of prefill_chunk_ms(chunk, context)
             + decode_ms_per_seq        * decode_seqs
             + decode_ms_per_kv_ktoken  * decode_context_tokens / 1000
 
-where ``attention_pairs`` sums, over the step's prefill chunks, chunk tokens x the
-tokens each attends to (its context plus half the chunk): the quadratic part of
-prefill, which makes one long prompt cost more than several short ones. Plus
-``request_overhead_ms`` once per request before it is queued (the API
+    prefill_chunk_ms(chunk, context) = fresh_ms(chunk)
+            + prefill_ms_per_context * context / 1000
+            + prefill_ms_per_kpair   * chunk * context / 1000
+
+where ``context`` is the chunk's cached or earlier-computed tokens, and ``fresh_ms``
+is the cost of prefilling ``chunk`` tokens with nothing before them:
+- with a measured ``prefill_ms_curve`` (points (tokens, ms), as `pdserve sim
+  calibrate` records them), the curve, linear between points and past the last one
+  continued at ``prefill_ms_per_token``. Real vLLM on CPU is neither linear nor
+  quadratic in prompt length (its cost jumps between 512 and 1024 tokens), so
+  a measured curve is what keeps a CPU profile close;
+- otherwise ``prefill_ms_per_token * chunk + prefill_ms_per_kpair * chunk^2 / 2000``:
+  linear work plus the attention pairs among the chunk's own tokens (the quadratic
+  part, which makes one long prompt cost more than several short ones).
+
+Plus ``request_overhead_ms`` once per request before it is queued (the API
 server's own work, which real vLLM pays outside the engine loop). A KV transfer
 takes ``transfer_overhead_ms + bytes / bandwidth``. Profiles are JSON files in
 ``sim/profiles/``; each names the measurement or publication its numbers come from.
@@ -22,7 +32,10 @@ takes ``transfer_overhead_ms + bytes / bandwidth``. Profiles are JSON files in
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from pathlib import Path
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -46,8 +59,16 @@ class TimingProfile:
     transfer_gbytes_per_s: float
     transfer_overhead_ms: float
     prefill_ms_per_kpair: float = 0.0
+    # Measured (prompt tokens, ms) points of one fresh prefill, increasing in both.
+    prefill_ms_curve: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        curve = tuple((int(tokens), float(ms)) for tokens, ms in self.prefill_ms_curve)
+        object.__setattr__(self, "prefill_ms_curve", curve)  # JSON gives lists
+        if any(b[0] <= a[0] or b[1] < a[1] for a, b in pairwise(curve)) or any(
+            tokens <= 0 or ms < 0 for tokens, ms in curve
+        ):
+            raise ValueError(f"profile {self.name}: prefill_ms_curve must increase")
         if self.block_size_tokens <= 0 or self.kv_capacity_tokens < self.block_size_tokens:
             raise ValueError(f"profile {self.name}: KV capacity must hold at least one block")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -60,21 +81,40 @@ class TimingProfile:
     def step_s(
         self,
         *,
-        prefill_tokens: int,
-        prefill_context_tokens: int,
+        prefill_chunks: Sequence[tuple[int, int]],
         decode_seqs: int,
         decode_context_tokens: int,
-        prefill_attention_pairs: float = 0.0,
     ) -> float:
+        """One step: ``prefill_chunks`` as (new tokens, context tokens) per request."""
         ms = (
             self.floor_ms
-            + self.prefill_ms_per_token * prefill_tokens
-            + self.prefill_ms_per_context * prefill_context_tokens / 1000
-            + self.prefill_ms_per_kpair * prefill_attention_pairs / 1000
+            + sum(self.prefill_chunk_ms(chunk, context) for chunk, context in prefill_chunks)
             + self.decode_ms_per_seq * decode_seqs
             + self.decode_ms_per_kv_ktoken * decode_context_tokens / 1000
         )
         return ms / 1000
+
+    def prefill_chunk_ms(self, tokens: int, context_tokens: int = 0) -> float:
+        return (
+            self._fresh_prefill_ms(tokens)
+            + self.prefill_ms_per_context * context_tokens / 1000
+            + self.prefill_ms_per_kpair * tokens * context_tokens / 1000
+        )
+
+    def _fresh_prefill_ms(self, tokens: int) -> float:
+        curve = self.prefill_ms_curve
+        if not curve:
+            return self.prefill_ms_per_token * tokens + self.prefill_ms_per_kpair * (
+                tokens * tokens / 2000
+            )
+        at = bisect_left(curve, (tokens, -1.0))
+        if at == len(curve):
+            last_tokens, last_ms = curve[-1]
+            return last_ms + self.prefill_ms_per_token * (tokens - last_tokens)
+        right_tokens, right_ms = curve[at]
+        left_tokens, left_ms = curve[at - 1] if at else (0, 0.0)
+        share = (tokens - left_tokens) / (right_tokens - left_tokens)
+        return left_ms + share * (right_ms - left_ms)
 
     def transfer_s(self, tokens: int) -> float:
         seconds = tokens * self.kv_bytes_per_token / (self.transfer_gbytes_per_s * 1e9)

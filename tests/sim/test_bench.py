@@ -34,7 +34,8 @@ def known_sim(tmp_path_factory: pytest.TempPathFactory):
     profile = dataclasses.replace(
         load_profile("tiny-cpu"), name="known", request_overhead_ms=OVERHEAD_MS,
         floor_ms=STEP_MS, prefill_ms_per_token=0.0, prefill_ms_per_context=0.0,
-        decode_ms_per_seq=0.0, decode_ms_per_kv_ktoken=0.0,
+        decode_ms_per_seq=0.0, decode_ms_per_kv_ktoken=0.0, prefill_ms_per_kpair=0.0,
+        prefill_ms_curve=(),
     )  # fmt: skip
     profile_path = folder / "known.json"
     profile_path.write_text(json.dumps(dataclasses.asdict(profile)))

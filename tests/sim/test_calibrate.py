@@ -10,7 +10,15 @@ from aiohttp import web
 from cli.ports import free_ports
 from contracts.tokenization import load_tokenizer
 from modelstore import tiny_llama
-from sim.calibrate import PREFILL_LENGTHS, fit_line, fit_prefill, fit_profile, measure_sweep
+from sim.calibrate import (
+    PREFILL_LENGTHS,
+    fit_line,
+    fit_prefill,
+    fit_profile,
+    measure_sweep,
+    prefill_curve,
+    prefill_intercept_ms,
+)
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
 
@@ -21,12 +29,22 @@ def test_fits_recover_a_line_and_a_quadratic():
     assert fit_prefill(quadratic) == pytest.approx((20, 0.05, 0.04))
 
 
+def test_the_prefill_curve_keeps_a_jump_and_drops_noise_dips():
+    # vLLM CPU's shape: flat to 512 tokens, then a step up.
+    ttft = {64: 20.0, 128: 21.0, 512: 25.0, 1024: 60.0, 1536: 58.0}
+    intercept = prefill_intercept_ms(ttft)
+    assert intercept == pytest.approx(19.0)
+    assert prefill_curve(ttft, intercept) == ((64, 1.0), (128, 2.0), (512, 6.0), (1024, 41.0),
+                                              (1536, 41.0))  # fmt: skip
+
+
 async def test_calibrating_a_sim_recovers_its_profile():
     base = load_profile("tiny-cpu")
     # Slow enough that scheduling noise on a busy 2-core box stays small beside it.
     truth = dataclasses.replace(
         base, request_overhead_ms=30.0, floor_ms=15.0, prefill_ms_per_token=0.08,
         decode_ms_per_seq=2.0, prefill_ms_per_context=0.0, decode_ms_per_kv_ktoken=0.0,
+        prefill_ms_curve=(),
     )  # fmt: skip
     (port,) = free_ports(1)
     model_dir = str(tiny_llama.ensure())
@@ -46,18 +64,14 @@ async def test_calibrating_a_sim_recovers_its_profile():
     assert fitted.floor_ms == pytest.approx(truth.floor_ms, rel=0.25)
 
     def single_prompt_ttft_ms(profile, length: int) -> float:
-        step = profile.step_s(
-            prefill_tokens=length,
-            prefill_context_tokens=0,
-            decode_seqs=0,
-            decode_context_tokens=0,
-            prefill_attention_pairs=length**2 / 2,
-        )
-        return profile.request_overhead_ms + step * 1000  # fmt: skip
+        step = profile.step_s(prefill_chunks=[(length, 0)], decode_seqs=0,
+                              decode_context_tokens=0)  # fmt: skip
+        return profile.request_overhead_ms + step * 1000
 
-    # The fit splits prefill cost between its linear and quadratic terms as the noise
-    # falls; what must hold is the TTFT it predicts (plus the HTTP round trip, a few ms).
-    for length in PREFILL_LENGTHS:
+    # The fit splits the fixed cost between overhead and floor as the noise falls;
+    # what must hold is the TTFT it predicts (plus the HTTP round trip, a few ms),
+    # at the measured lengths and between them.
+    for length in (*PREFILL_LENGTHS, 384, 1800):
         assert single_prompt_ttft_ms(fitted, length) == pytest.approx(
             single_prompt_ttft_ms(truth, length), rel=0.15, abs=8
         )

@@ -122,15 +122,17 @@ def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster
 def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
     assert set_faults(sim_cluster, "decode-0", transfer_failure_probability=1).status_code == 200
     try:
+        # The round_robin alias: four requests in a row visit each of the four decodes,
+        # so one of them is sent to decode-0 first (prefix_affinity might never pick it).
         statuses = {
             generate(sim_cluster.router_url, "/v1/completions",
-                     {"model": MODEL, "prompt": f"p{i}", "max_tokens": 2}).status
+                     {"model": f"{MODEL}-rr", "prompt": f"p{i}", "max_tokens": 2}).status
             for i in range(4)
         }  # fmt: skip
         assert statuses == {200}
         samples = scrape(sim_cluster.router_url + "/metrics")
         failures = total(samples, "pdserve_upstream_failures_total", role="decode", kind="http_500")
-        assert failures >= 1, "round-robin sent some requests to the failing decode first"
+        assert failures >= 1, "round-robin sent a request to the failing decode first"
     finally:
         set_faults(sim_cluster, "decode-0", transfer_failure_probability=0)
 

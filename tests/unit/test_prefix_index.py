@@ -126,3 +126,36 @@ def test_malformed_batches_are_counted_and_ignored(feed):
     feed._apply("w0", state, [b"only one frame"])
     assert seen == ["malformed", "malformed"]
     assert len(index) == 0
+
+
+def test_routing_hashes_a_prompt_only_as_deep_as_the_index_matches():
+    from contracts.block_hashing import (
+        MemoizedBlockHasher,
+        block_hashes,
+        external_block_hash,
+        none_hash,
+        sha256_pickle,
+    )
+    from router.worker_selection import PromptBlocks
+
+    calls = []
+
+    def counting_sha256(value):
+        calls.append(value)
+        return sha256_pickle(value)
+
+    root = none_hash(sha256_pickle)
+    hasher = MemoizedBlockHasher(counting_sha256, root)
+    held = list(range(64))  # 4 blocks of 16
+    expected = [external_block_hash(h) for h in block_hashes(held, 16, sha256_pickle, root)]
+    index = PrefixIndex(max_blocks=100)
+    index.confirm("w0", expected[:1])  # only the first block is held anywhere
+
+    blocks = PromptBlocks(len(held), 16, hasher.lazy(held, 16))
+    assert index.match(blocks.leading(), now_s=0) == {"w0": 1}
+    assert len(calls) == 2, "block 0 matched, block 1 did not: no reason to hash 2 and 3"
+    assert blocks.all() == expected  # the record still gets every block, in order
+    assert len(calls) == 4
+    again = PromptBlocks(len(held), 16, hasher.lazy(held, 16))
+    assert again.all() == expected and len(calls) == 4, "a repeated prompt comes from the memo"
+    assert not PromptBlocks(15, 16, hasher.lazy(held[:15], 16)).known

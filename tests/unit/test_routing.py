@@ -61,6 +61,28 @@ def test_the_bound_is_decided_per_candidate_not_fleet_wide():
     assert decision.worker.worker_id == "b"
 
 
+def test_a_long_prefill_queue_takes_affinity_when_tokens_are_bounded():
+    # One request in flight on a (well under the request bound), but 16k tokens of it:
+    # a short prompt sent there by affinity would wait for the whole long prefill.
+    workers = [worker("a"), worker("b"), worker("c")]
+    loads = {"a": InFlight(requests=1, tokens=16_000)}
+    weights = parse_weights("uncached_tokens=1")
+    by_requests = Pipeline("prefix_affinity", weights, 0.25, load_floor=4)
+    assert pick(by_requests, workers, {"a": 10}, loads).worker.worker_id == "a"
+    by_tokens = Pipeline("prefix_affinity", weights, 0.25, load_floor=4, token_floor=2048)
+    decision = pick(by_tokens, workers, {"a": 10}, loads)
+    assert (decision.worker.worker_id, decision.reason) != ("a", "prefix_hit")
+    assert decision.reason == "bounded_load_spill"
+
+
+def test_below_the_token_floor_a_queue_keeps_its_affinity():
+    workers = [worker("a"), worker("b")]
+    loads = {"a": InFlight(requests=1, tokens=1000)}
+    pipeline = Pipeline("prefix_affinity", parse_weights("uncached_tokens=1"), 0.25,
+                        load_floor=4, token_floor=2048)  # fmt: skip
+    assert pick(pipeline, workers, {"a": 10}, loads).reason == "prefix_hit"
+
+
 def test_queued_tokens_outweigh_a_small_hit():
     workers = [worker("a"), worker("b")]
     loads = {"a": InFlight(requests=1, tokens=5000)}
