@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NewType
@@ -25,11 +24,11 @@ import cbor2
 
 BlockHash = NewType("BlockHash", bytes)
 HashFn = Callable[[Any], bytes]
+HashedBlock = tuple[BlockHash, int]  # a hash and its external (KV event) form
 
 # vLLM's seed for NONE_HASH when PYTHONHASHSEED is unset (v1/core/kv_cache_utils.py).
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 _LOW_64_BITS = (1 << 64) - 1
-_PACKED_TOKEN_BYTES = array("q").itemsize
 
 
 def sha256_pickle(value: Any) -> bytes:
@@ -91,47 +90,42 @@ def external_block_hash(block_hash: BlockHash) -> int:
 
 
 class MemoizedBlockHasher:
-    """``block_hashes`` with an LRU memo of (parent, block tokens) -> hash.
+    """``block_hashes`` with a bounded memo of (parent, block tokens) -> hash.
 
     Prompts that share a prefix (a system prompt, earlier chat turns) repeat the same
     blocks; looking a block up costs a fraction of serializing and hashing it. The
-    memo key is the block's token ids packed as bytes (one C-level copy of the prompt,
-    then a slice per block): a tuple of ints per block cost more than the hash it saved.
-    The memo holds at most ``max_entries`` blocks.
+    memo also keeps each hash's external (event) form, which the router matches on.
+    It holds at most ``max_entries`` blocks and forgets the oldest first: a hot block
+    that falls out costs one hash to put back, less than refreshing every block's
+    place on every hit would.
     """
 
     def __init__(self, hash_fn: HashFn, root: BlockHash, max_entries: int = 65536) -> None:
         self._hash_fn = hash_fn
         self._root = root
         self._max_entries = max_entries
-        self._memo: OrderedDict[tuple[bytes, bytes], BlockHash] = OrderedDict()
+        self._memo: OrderedDict[tuple[bytes, tuple[int, ...]], HashedBlock] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"MemoizedBlockHasher(entries={len(self._memo)})"
 
     def __call__(self, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-        return list(self.lazy(token_ids, block_size))
+        return [block_hash for block_hash, _ in self.lazy(token_ids, block_size)]
 
-    def lazy(self, token_ids: Sequence[int], block_size: int) -> Iterator[BlockHash]:
-        """The chain one block at a time, so a caller can stop where nothing matches."""
+    def lazy(self, token_ids: Sequence[int], block_size: int) -> Iterator[HashedBlock]:
+        """(hash, external hash) one block at a time: a caller can stop where nothing matches."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
-        full = len(token_ids) // block_size * block_size
-        packed = array("q", token_ids[:full]).tobytes()
-        width = block_size * _PACKED_TOKEN_BYTES
         parent = self._root
         memo = self._memo
-        for start in range(0, full, block_size):
-            offset = start * _PACKED_TOKEN_BYTES
-            key = (parent, packed[offset : offset + width])
+        for start in range(0, len(token_ids) - block_size + 1, block_size):
+            block = tuple(token_ids[start : start + block_size])
+            key = (parent, block)
             known = memo.get(key)
             if known is None:
-                known = memo[key] = hash_block(
-                    self._hash_fn, parent, token_ids[start : start + block_size]
-                )
+                block_hash = hash_block(self._hash_fn, parent, block)
+                known = memo[key] = (block_hash, external_block_hash(block_hash))
                 if len(memo) > self._max_entries:
                     memo.popitem(last=False)
-            else:
-                memo.move_to_end(key)
             yield known
-            parent = known
+            parent = known[0]

@@ -19,9 +19,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 
 from contracts.block_hashing import (
-    BlockHash,
+    HashedBlock,
     MemoizedBlockHasher,
-    external_block_hash,
     hash_function,
     none_hash,
 )
@@ -49,7 +48,7 @@ class PromptBlocks:
     __slots__ = ("_chain", "_hashes", "block_size", "token_count")
 
     def __init__(
-        self, token_count: int, block_size: int, chain: Iterator[BlockHash] | None = None
+        self, token_count: int, block_size: int, chain: Iterator[HashedBlock] | None = None
     ) -> None:
         self.token_count = token_count
         self.block_size = block_size
@@ -70,17 +69,16 @@ class PromptBlocks:
         return self._chain is not None and self.token_count >= self.block_size
 
     def leading(self) -> Iterator[int]:
-        """The hashes from the first block on, hashing only as far as the caller reads."""
-        hashes = self._hashes
-        position = 0
-        while True:
-            if position == len(hashes):
-                block_hash = next(self._chain, None) if self._chain is not None else None
-                if block_hash is None:
-                    return
-                hashes.append(external_block_hash(block_hash))
-            yield hashes[position]
-            position += 1
+        """The hashes from the first block on, hashing only as far as the caller reads.
+
+        One reader at a time (routing is synchronous): what an earlier reader hashed
+        is replayed, then the chain goes on where it stopped."""
+        yield from self._hashes
+        if self._chain is None:
+            return
+        for _, external in self._chain:
+            self._hashes.append(external)
+            yield external
 
     def all(self) -> list[int]:
         for _ in self.leading():
