@@ -90,24 +90,31 @@ def external_block_hash(block_hash: BlockHash) -> int:
 
 
 class MemoizedBlockHasher:
-    """``block_hashes`` with a bounded memo of (parent, block tokens) -> hash.
+    """``block_hashes`` with a bounded memo, looked up a line of blocks at a time.
 
     Prompts that share a prefix (a system prompt, earlier chat turns) repeat the same
-    blocks; looking a block up costs a fraction of serializing and hashing it. The
-    memo also keeps each hash's external (event) form, which the router matches on.
-    It holds at most ``max_entries`` blocks and forgets the oldest first: a hot block
-    that falls out costs one hash to put back, less than refreshing every block's
-    place on every hit would.
+    blocks, and looking them up costs a fraction of serializing and hashing them. The
+    memo maps (parent hash, the tokens of up to ``LINE_BLOCKS`` blocks) to those
+    blocks' (hash, external hash) pairs: at block size 16 a per-block memo spent more
+    on building one key per block than the lookup saved. A line that misses is hashed
+    block by block as the caller reads it, so a caller that stops early (nothing
+    matches further) pays for what it read. The memo holds about ``max_entries``
+    blocks and forgets the oldest line first: a hot line that falls out costs one
+    rehash, less than refreshing every line's place on every hit would.
     """
+
+    LINE_BLOCKS = 8
 
     def __init__(self, hash_fn: HashFn, root: BlockHash, max_entries: int = 65536) -> None:
         self._hash_fn = hash_fn
         self._root = root
-        self._max_entries = max_entries
-        self._memo: OrderedDict[tuple[bytes, tuple[int, ...]], HashedBlock] = OrderedDict()
+        self._max_lines = max(1, max_entries // self.LINE_BLOCKS)
+        self._memo: OrderedDict[tuple[bytes, tuple[int, ...]], tuple[HashedBlock, ...]] = (
+            OrderedDict()
+        )
 
     def __repr__(self) -> str:
-        return f"MemoizedBlockHasher(entries={len(self._memo)})"
+        return f"MemoizedBlockHasher(lines={len(self._memo)})"
 
     def __call__(self, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
         return [block_hash for block_hash, _ in self.lazy(token_ids, block_size)]
@@ -118,14 +125,22 @@ class MemoizedBlockHasher:
             raise ValueError("block_size must be positive")
         parent = self._root
         memo = self._memo
-        for start in range(0, len(token_ids) - block_size + 1, block_size):
-            block = tuple(token_ids[start : start + block_size])
-            key = (parent, block)
-            known = memo.get(key)
-            if known is None:
-                block_hash = hash_block(self._hash_fn, parent, block)
-                known = memo[key] = (block_hash, external_block_hash(block_hash))
-                if len(memo) > self._max_entries:
+        full = len(token_ids) // block_size * block_size
+        span = block_size * self.LINE_BLOCKS
+        for start in range(0, full, span):
+            end = min(start + span, full)
+            key = (parent, tuple(token_ids[start:end]))
+            line = memo.get(key)
+            if line is None:
+                hashed: list[HashedBlock] = []
+                for block_start in range(start, end, block_size):
+                    block = key[1][block_start - start : block_start - start + block_size]
+                    parent = hash_block(self._hash_fn, parent, block)
+                    hashed.append((parent, external_block_hash(parent)))
+                    yield hashed[-1]
+                line = memo[key] = tuple(hashed)
+                if len(memo) > self._max_lines:
                     memo.popitem(last=False)
-            yield known
-            parent = known[0]
+            else:
+                yield from line
+            parent = line[-1][0]

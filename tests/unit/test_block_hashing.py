@@ -42,9 +42,10 @@ def test_the_memoized_hasher_equals_the_plain_chain_and_stays_within_its_cap():
     from contracts.block_hashing import MemoizedBlockHasher, sha256_cbor
 
     root = none_hash(sha256_cbor)
-    hasher = MemoizedBlockHasher(sha256_cbor, root, max_entries=8)
-    shared = list(range(64))
+    hasher = MemoizedBlockHasher(sha256_cbor, root, max_entries=16)  # two lines of 8 blocks
+    shared = list(range(256))  # two full lines of 8 blocks of 16
     for tail in range(5):
-        tokens = shared + [1000 + tail] * 32
+        tokens = shared + [1000 + tail] * (16 * tail + 5)  # 0-4 more blocks, a partial one
         assert hasher(tokens, 16) == block_hashes(tokens, 16, sha256_cbor, root)
-    assert len(hasher._memo) == 8
+        assert hasher(tokens, 16) == block_hashes(tokens, 16, sha256_cbor, root)  # memoized
+    assert len(hasher._memo) == 2
