@@ -22,7 +22,7 @@ Reported per policy:
 - hotspot factor: prefill workers x the largest share of prefill requests;
 - goodput: requests per second meeting the TTFT SLO, and the fraction that did.
 
-    python -m benchmarks.routing_policies [--requests 1500] [--speed 20] [--length-scale 4]
+    python -m benchmarks.routing_policies [--requests 3000] [--speed 3.85] [--length-scale 4]
 """
 
 from __future__ import annotations
@@ -223,8 +223,8 @@ def plot(report: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--requests", type=int, default=1500, help="the trace's first N")
-    parser.add_argument("--speed", type=float, default=3.2, help="timestamps divided by this")
+    parser.add_argument("--requests", type=int, default=3000, help="the trace's first N")
+    parser.add_argument("--speed", type=float, default=3.85, help="timestamps divided by this")
     parser.add_argument("--length-scale", type=float, default=4.0)
     parser.add_argument("--output-scale", type=float, default=32.0)
     parser.add_argument("--time-dilation", type=float, default=10.0,
@@ -234,12 +234,12 @@ def main() -> int:
         "--kv-tokens",
         type=int,
         default=None,
-        help="KV capacity per sim (default: the H100's / length scale)",
+        help="KV capacity per sim, tokens (default: the H100 profile's)",
     )
     parser.add_argument("--prefill", type=int, default=8)
     parser.add_argument("--decode", type=int, default=8)
     parser.add_argument("--ttft-slo-ms", type=float, default=1000.0)
-    parser.add_argument("--deadline-s", type=float, default=600.0, help="per policy run")
+    parser.add_argument("--deadline-s", type=float, default=900.0, help="per policy run")
     parser.add_argument("--router-env", nargs="*", default=[],
                         help="extra router settings, PDSERVE_X=value")  # fmt: skip
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)

@@ -122,11 +122,12 @@ class RouterSettings(BaseModel):
         "uncached_tokens prefers the decode that holds the prefix (a later chat turn).",
     )
     bounded_load_epsilon: float = Field(
-        0.25,
+        0.5,
         ge=0,
         le=10,
         description="A worker with ceil((1+epsilon) x mean) requests in flight loses its "
-        "prefix affinity. Lower: more even load, fewer cache hits.",
+        "prefix affinity, so none carries over (1+epsilon) x the mean. Lower: more even "
+        "load, fewer cache hits.",
     )
     bounded_load_floor: int = Field(
         4,

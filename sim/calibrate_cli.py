@@ -60,9 +60,10 @@ def main(args: argparse.Namespace) -> int:
     )
     profile = fit_profile(measured, base, name=name, source=source)
     write_profile(profile, measured, args.out)
+    curve = ", ".join(f"{tokens}: {ms:.1f}" for tokens, ms in profile.prefill_ms_curve)
     print(f"wrote {args.out}: overhead {profile.request_overhead_ms} ms, floor "
-          f"{profile.floor_ms} ms, prefill {profile.prefill_ms_per_token} ms/token, "
-          f"decode {profile.decode_ms_per_seq} ms/seq")  # fmt: skip
+          f"{profile.floor_ms} ms, decode {profile.decode_ms_per_seq} ms/seq; prefill ms by "
+          f"prompt tokens {{{curve}}}, then {profile.prefill_ms_per_token} ms/token")  # fmt: skip
     return 0
 
 

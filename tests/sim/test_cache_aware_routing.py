@@ -69,7 +69,7 @@ def test_a_same_prefix_burst_stays_on_one_prefill_until_its_load_bound_then_spil
     for name in PREFILLS:  # prefills take seconds, so the burst is in flight together
         assert set_faults(sim_cluster, name, slowdown=100).status_code == 200
     threads: list[threading.Thread] = []
-    # With 2 prefill workers and the default epsilon (0.25) the mean-based bound stays at
+    # With 2 prefill workers and the default epsilon (0.5) the mean-based bound stays at
     # or below the floor for this burst, so the floor is where the prefix's worker stops.
     floor = RouterSettings().bounded_load_floor
     try:
