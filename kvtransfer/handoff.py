@@ -50,9 +50,12 @@ class KVHandoff:
         """The ``kv_transfer_params`` to send to the decode engine."""
         return dict(self.raw)
 
+    def lease_holds(self, now_s: float, lease_s: float) -> bool:
+        return now_s - self.issued_at_s <= lease_s
+
     def check_lease(self, now_s: float, lease_s: float) -> None:
         age_s = now_s - self.issued_at_s
-        if age_s > lease_s:
+        if not self.lease_holds(now_s, lease_s):
             raise ExpiredHandoff(
                 f"KV handoff from engine {self.remote_engine_id} is {age_s:.1f}s old, "
                 f"past its {lease_s:.1f}s lease; the prefill must be redone"

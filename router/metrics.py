@@ -67,6 +67,12 @@ class RouterMetrics:
         self.prefill_retries = Counter(
             "pdserve_prefill_retries", "Prefills retried on another worker", ["model"], registry=r
         )
+        self.kv_lease_reprefills = Counter(
+            "pdserve_kv_lease_reprefills",
+            "Prefills redone because a decode failed after the KV lease ran out",
+            ["model"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "pdserve_stream_errors", "Streams ended by an SSE error event", ["model"], registry=r
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,8 +165,9 @@ class Orchestrator:
             # The event loop stalled past the lease; the blocks may be gone.
             handoff = await self._prefill_with_retries(call, prefill_pool, blocks)
         return await self._generate(
-            call, decode_pool, mode="disaggregated", handoff=handoff, blocks=blocks, first=decode
-        )
+            call, decode_pool, mode="disaggregated", handoff=handoff, blocks=blocks, first=decode,
+            reprefill=lambda: self._prefill_with_retries(call, prefill_pool, blocks),
+        )  # fmt: skip
 
     async def _prefill_with_retries(
         self, call: GenerationCall, pool: list[WorkerState], blocks: PromptBlocks
@@ -218,6 +219,7 @@ class Orchestrator:
         handoff: KVHandoff | None,
         blocks: PromptBlocks,
         first: Decision | None = None,
+        reprefill: Callable[[], Awaitable[KVHandoff]] | None = None,
     ) -> Response:
         request = dict(call.body)
         if handoff is not None:
@@ -226,7 +228,18 @@ class Orchestrator:
         role = pool[0].role
         tried: set[str] = set()
         last_error: APIError | None = None
+        reprefills_left = self._settings.kv_lease_reprefills if reprefill else 0
         for _ in range(len(pool)):
+            lease_spent = handoff is not None and not handoff.lease_holds(
+                self._clock(), self._settings.kv_lease_s
+            )
+            if tried and lease_spent and reprefill and reprefills_left:
+                # The next decode would pull blocks the producer may have reused.
+                reprefills_left -= 1
+                self._metrics.kv_lease_reprefills.labels(call.model).inc()
+                handoff = await reprefill()
+                request["kv_transfer_params"] = handoff.to_decode_params()
+                body = json.dumps(request).encode()
             decision = first if first is not None and not tried else None
             decision = decision or self._pick(call, role, pool, blocks, tried)
             if decision is None:

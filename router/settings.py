@@ -55,6 +55,14 @@ class RouterSettings(BaseModel):
         description="Handoff lease; must not exceed the workers' --kv-lease-s. "
         "An older handoff is re-prefilled, never forwarded.",
     )
+    kv_lease_reprefills: int = Field(
+        1,
+        ge=0,
+        le=3,
+        description="When a decode fails after its handoff's lease ran out (the prefill's "
+        "blocks may be gone), prefill again before trying the next decode, at most this "
+        "many times per request.",
+    )
     kv_lease_guard: bool = Field(
         True,
         description="Fail a streamed decode whose first token misses the KV lease, since "

@@ -154,17 +154,30 @@ def test_a_hung_decode_leaves_rotation_and_returns_when_it_recovers(sim_cluster)
 
 
 def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(sim_cluster):
-    """Past the producer's lease the blocks may be reused: the router must not relay output."""
+    """Past the producer's lease the blocks may be reused: the router must not relay output.
+
+    It prefills again once (``kv_lease_reprefills``) for the next decode; when that one
+    misses the lease too, the request fails."""
     decodes = [w.name for w in sim_cluster.workers if w.role == "decode"]
     for name in decodes:
-        # A tiny-cpu decode step takes ~4 ms; x5000 puts the first token past the 6 s lease.
-        assert set_faults(sim_cluster, name, slowdown=5000).status_code == 200
+        # A tiny-cpu decode step takes ~7 ms; x2000 puts the first token past the 6 s lease.
+        assert set_faults(sim_cluster, name, slowdown=2000).status_code == 200
+
+    def counters() -> tuple[float, float]:
+        samples = scrape(sim_cluster.router_url + "/metrics")
+        return (total(samples, "pdserve_kv_lease_reprefills_total"),
+                total(samples, "pdserve_routed_requests_total", worker="prefill-0")
+                + total(samples, "pdserve_routed_requests_total", worker="prefill-1"))  # fmt: skip
+
     try:
+        reprefills_before, prefills_before = counters()
         body = {"model": MODEL, "prompt": "slow", "max_tokens": 2, "stream": True}
         result = generate(sim_cluster.router_url, "/v1/completions", body)
         assert result.status in (502, 504) and not result.text
-        # The first decode misses the lease; the retry finds the KV already gone.
         assert result.body["error"]["code"] == "decode_failed"
+        reprefills, prefills = counters()
+        assert reprefills - reprefills_before == 1, "one fresh prefill for the second decode"
+        assert prefills - prefills_before == 2
     finally:
         for name in decodes:
             set_faults(sim_cluster, name, slowdown=1)
