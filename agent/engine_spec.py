@@ -81,6 +81,16 @@ class EngineSpec:
         bytes_per_token = kv_bytes_per_token(Path(self.model_path))
         return None if bytes_per_token is None else self.kv_cache_gib * 2**30 // bytes_per_token
 
+    def context_window(self) -> int | None:
+        """--max-model-len, or what the engine defaults it to."""
+        if self.max_model_len:
+            return self.max_model_len
+        if self.engine == "sim":
+            from sim import DEFAULT_MAX_MODEL_LEN
+
+            return DEFAULT_MAX_MODEL_LEN
+        return max_position_embeddings(Path(self.model_path))
+
     def kv_events_subscribe_endpoint(self) -> str | None:
         """The engine binds ``tcp://*:PORT``; subscribers connect to its host."""
         if not self.kv_events_endpoint:
@@ -160,6 +170,15 @@ class EngineSpec:
         if self.transport:
             env.update(self.transport.env())
         return env
+
+
+def max_position_embeddings(model_dir: Path) -> int | None:
+    """vLLM's default max_model_len for plain (unscaled RoPE) models."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def kv_bytes_per_token(model_dir: Path) -> int | None:

@@ -105,6 +105,7 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         prefix_caching_hash_algo=spec.prefix_caching_hash_algo,
         tokenizer_path=str(Path(spec.model_path).resolve()),
         kv_capacity_tokens=spec.kv_capacity_tokens(),
+        max_model_len=spec.context_window(),
     )
     log_path = Path(args.log_file or f"{worker_id}.engine.log")
     asyncio.run(_main(spec, registration, args, token, log_path))

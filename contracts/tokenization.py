@@ -36,6 +36,9 @@ class ModelTokenizer:
     template_variables: dict[str, str]  # bos_token, eos_token, ... as HF passes them
     special_ids: frozenset[int]
     vocab_size: int
+    # The longest token's text: a prompt of more characters than this x N tokens has
+    # more than N tokens, known without tokenizing it (vLLM's pre-check, too).
+    max_chars_per_token: int
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -91,15 +94,13 @@ def load_tokenizer(model_dir: str) -> ModelTokenizer:
         for key in ("bos_token", "eos_token", "unk_token", "pad_token")
         if isinstance(value := config.get(key), str)
     }
-    special = {
-        token_id
-        for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items()
-        if token.startswith("<") and token.endswith(">")
-    }
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    special = {i for token, i in vocab.items() if token.startswith("<") and token.endswith(">")}
     return ModelTokenizer(
         tokenizer=tokenizer,
         chat_template=environment.from_string(template) if isinstance(template, str) else None,
         template_variables=variables,
         special_ids=frozenset(special),
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=False),
+        max_chars_per_token=max(map(len, vocab), default=1),
     )

@@ -56,6 +56,8 @@ class WorkerRegistration(BaseModel):
     prefix_caching_hash_algo: str = Field(default="sha256", max_length=50)
     tokenizer_path: str | None = Field(default=None, max_length=1000, description="model folder")
     kv_capacity_tokens: int | None = Field(default=None, ge=0)
+    # Prompt plus output tokens the engine accepts (vLLM's --max-model-len).
+    max_model_len: int | None = Field(default=None, ge=1)
     engine_pid: int | None = None
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.

@@ -26,6 +26,12 @@ from contracts.block_hashing import (
 )
 from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
 from contracts.workers import WorkerRegistration, WorkerRole
+from router.context_window import (
+    check_prompt_chars,
+    check_prompt_tokens,
+    context_limit,
+    requested_output_tokens,
+)
 from router.errors import InvalidRequest
 from router.kv_event_feed import KVEventFeed
 from router.prefix_index import PrefixIndex
@@ -143,8 +149,13 @@ class WorkerSelector:
         if registration is None or registration.tokenizer_path is None:
             return PromptBlocks.unknown()
         tokenizer = load_tokenizer(registration.tokenizer_path)
+        limit = context_limit(workers)
+        param = "messages" if chat else "prompt"
+        chars = _prompt_chars(body)
+        if limit:
+            check_prompt_chars(chars, limit, tokenizer.max_chars_per_token, param)
         try:
-            if _prompt_chars(body) > self._settings.tokenize_offload_chars:
+            if chars > self._settings.tokenize_offload_chars:
                 # Long prompts tokenize in a thread (the Rust tokenizer drops the GIL),
                 # so one huge prompt does not stall every stream on the event loop.
                 ids = await asyncio.to_thread(_token_ids, tokenizer, body, chat)
@@ -152,6 +163,8 @@ class WorkerSelector:
                 ids = _token_ids(tokenizer, body, chat)
         except (PromptError, TypeError, AttributeError) as error:
             raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
+        if limit:
+            check_prompt_tokens(len(ids), requested_output_tokens(body), limit, param)
         assert registration.block_size is not None
         hasher = self._hasher(registration.prefix_caching_hash_algo)
         return PromptBlocks(

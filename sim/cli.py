@@ -14,7 +14,7 @@ import signal
 
 from aiohttp import web
 
-from sim import calibrate_cli
+from sim import DEFAULT_MAX_MODEL_LEN, calibrate_cli
 from sim.faults import SimFaults
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=1, help="sims, on consecutive ports")
     parser.add_argument("--profile", default="tiny-cpu", help="sim/profiles NAME or a JSON path")
     parser.add_argument("--kv-lease-s", type=float, default=30.0, help="producer block lease")
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     parser.add_argument("--block-size", type=int, default=None, help="default: the profile's")
     parser.add_argument("--prefix-caching-hash-algo", default="sha256",
                         choices=["sha256", "sha256_cbor"])  # fmt: skip

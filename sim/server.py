@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from contracts.block_hashing import hash_function, none_hash
 from contracts.tokenization import ModelTokenizer, load_tokenizer
+from sim import DEFAULT_MAX_MODEL_LEN
 from sim.engine import SimEngine, SimRequest
 from sim.faults import SimFaults
 from sim.kv_events import KVEventPublisher
@@ -50,7 +51,7 @@ class SimConfig:
     seed: int = 0
     kv_lease_s: float = 30.0
     hash_algo: str = "sha256"
-    max_model_len: int = 4096
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     kv_events_endpoint: str | None = None
     faults: SimFaults = field(default_factory=SimFaults)
     # Bearer token for /sim/faults; agents pass theirs down. None: loopback trust.

@@ -183,3 +183,26 @@ def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(si
             set_faults(sim_cluster, name, slowdown=1)
     for name in decodes:
         wait_for(lambda n=name: sim_cluster.worker_status()[n]["eligible"], 30, f"{name} back")
+
+
+def test_a_prompt_beyond_the_context_window_is_refused_before_any_worker_sees_it(sim_cluster):
+    def routed() -> float:
+        return total(scrape(sim_cluster.router_url + "/metrics"), "pdserve_routed_requests_total")
+
+    before = routed()
+    window = 4096  # the cluster's --max-model-len, registered by each agent
+    cases = [
+        ({"prompt": [7] * (window + 1), "max_tokens": 1}, "prompt", "input tokens"),
+        ({"prompt": [7] * (window - 10), "max_tokens": 11}, "max_tokens", "too large"),
+        # More characters than 4096 of the tokenizer's longest tokens: not even tokenized.
+        ({"prompt": "a" * 300_000, "max_tokens": 1}, "prompt", "characters"),
+    ]
+    for body, param, says in cases:
+        result = generate(sim_cluster.router_url, "/v1/completions", {"model": MODEL, **body})
+        assert result.status == 400, result.body
+        error = result.body["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", param)
+        assert says in error["message"]
+    assert routed() == before, "no worker was chosen for a refused prompt"
+    fits = {"model": MODEL, "prompt": [7] * (window - 10), "max_tokens": 10}
+    assert generate(sim_cluster.router_url, "/v1/completions", fits).status == 200
