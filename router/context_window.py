@@ -1,17 +1,17 @@
 """Context-length guard: refuse what the engines would refuse, before it costs anything.
 
-vLLM answers 400 when a prompt has more tokens than ``--max-model-len``, or prompt
-plus ``max_tokens`` does, and refuses before tokenizing a prompt of more characters
-than its longest token's length times the limit. The router applies the same rules
-with the limit its workers registered, so an oversized prompt is neither tokenized
-at length by the router nor sent to a prefill worker: context-length abuse costs the
-client a 400, not the pool its prefill time.
+vLLM (0.32) answers 400 when a prompt has more tokens than ``--max-model-len``, and
+refuses before tokenizing a prompt of more characters than its longest token's
+length times the limit; an output cap beyond the context left is clamped, not
+refused. The router applies the same rules with the limit its workers registered, so
+an oversized prompt is neither tokenized at length by the router nor sent to a
+prefill worker: context-length abuse costs the client a 400, not the pool its
+prefill time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from router.errors import InvalidRequest
 from router.registry import WorkerState
@@ -25,15 +25,6 @@ def context_limit(workers: Sequence[WorkerState]) -> int | None:
     return min(limits, default=None)
 
 
-def requested_output_tokens(body: dict[str, Any]) -> tuple[str, int] | None:
-    """The output cap the client set, under the name it used (newer name first)."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int):
-            return name, value
-    return None
-
-
 def check_prompt_chars(chars: int, limit: int, max_chars_per_token: int, param: str) -> None:
     if chars > limit * max_chars_per_token:
         raise InvalidRequest(
@@ -45,23 +36,12 @@ def check_prompt_chars(chars: int, limit: int, max_chars_per_token: int, param: 
         )
 
 
-def check_prompt_tokens(
-    prompt_tokens: int, output: tuple[str, int] | None, limit: int, param: str
-) -> None:
+def check_prompt_tokens(prompt_tokens: int, limit: int, param: str) -> None:
     if prompt_tokens > limit:
         raise InvalidRequest(
             f"This model's maximum context length is {limit} tokens. However, your prompt "
             f"contains {prompt_tokens} input tokens, which exceeds this limit even without "
             "any output tokens. Please reduce the length of the input.",
             param=param,
-            code=CODE,
-        )
-    if output is not None and prompt_tokens + output[1] > limit:
-        name, output_tokens = output
-        raise InvalidRequest(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {output_tokens}. This "
-            f"model's maximum context length is {limit} tokens and your request has "
-            f"{prompt_tokens} input tokens ({output_tokens} > {limit} - {prompt_tokens}).",
-            param=name,
             code=CODE,
         )

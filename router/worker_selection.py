@@ -30,7 +30,6 @@ from router.context_window import (
     check_prompt_chars,
     check_prompt_tokens,
     context_limit,
-    requested_output_tokens,
 )
 from router.errors import InvalidRequest
 from router.kv_event_feed import KVEventFeed
@@ -164,7 +163,7 @@ class WorkerSelector:
         except (PromptError, TypeError, AttributeError) as error:
             raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
         if limit:
-            check_prompt_tokens(len(ids), requested_output_tokens(body), limit, param)
+            check_prompt_tokens(len(ids), limit, param)
         assert registration.block_size is not None
         hasher = self._hasher(registration.prefix_caching_hash_algo)
         return PromptBlocks(

@@ -210,9 +210,15 @@ class SimServer:
             return _error(400, f"invalid request: {error}")
         if body.get("model") != self.config.served_model_name:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if len(prompt_ids) + max_tokens > self.config.max_model_len:
-            return _error(400, f"prompt plus max_tokens exceeds {self.config.max_model_len}")
+        limit = self.config.max_model_len
+        if len(prompt_ids) > limit:
+            return _error(400, f"This model's maximum context length is {limit} tokens. However, "
+                          f"your prompt contains {len(prompt_ids)} input tokens.")  # fmt: skip
+        # Like vLLM: an output cap beyond the context left is clamped to it, not refused.
+        requested = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        max_tokens = min(requested, limit - len(prompt_ids))
+        if max_tokens < 1:
+            return _error(400, f"the prompt fills the {limit}-token context; no room for output")
         kv_params = body.get("kv_transfer_params") or {}
         request = SimRequest(
             request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",

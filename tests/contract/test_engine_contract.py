@@ -38,6 +38,7 @@ class Engines:
     colocated_events: str  # ZMQ endpoint the colocated engine publishes on
     model_path: str
     block_size: int
+    max_model_len: int
 
 
 @pytest.fixture(
@@ -56,6 +57,7 @@ def engines(request: pytest.FixtureRequest) -> Engines:
         colocated_events=f"tcp://127.0.0.1:{colocated.kv_events_port}",
         model_path=str(cluster.plan.model_path),
         block_size=cluster.plan.block_size or 128,  # vLLM CPU's default, and tiny-cpu's
+        max_model_len=cluster.plan.max_model_len,
     )
 
 
@@ -141,6 +143,20 @@ def test_unknown_model_is_a_404_in_openai_error_shape(engines: Engines):
     answer = post(engines.colocated_url + "/v1/completions", {"model": "nope", "prompt": "x"})
     assert answer.status_code == 404
     assert {"message", "type", "code"} <= answer.json()["error"].keys()
+
+
+def test_context_window_refuses_a_longer_prompt_and_clamps_a_longer_output(engines: Engines):
+    """The router's context-length rule (router/context_window.py) is this one."""
+    limit = engines.max_model_len
+    over = {"model": COLOCATED_MODEL, "prompt": [7] * (limit + 1), "max_tokens": 1}
+    answer = post(engines.colocated_url + "/v1/completions", over)
+    assert answer.status_code == 400
+    assert "maximum context length" in answer.json()["error"]["message"]
+    near = {"model": COLOCATED_MODEL, "prompt": [7] * (limit - 4), "max_tokens": 50,
+            "ignore_eos": True, "temperature": 0}  # fmt: skip
+    answer = post(engines.colocated_url + "/v1/completions", near)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 4
 
 
 # The vLLM metrics pdserve reads (agents, router, benchmarks), with their types.

@@ -9,7 +9,6 @@ from router.context_window import (
     check_prompt_chars,
     check_prompt_tokens,
     context_limit,
-    requested_output_tokens,
 )
 from router.errors import InvalidRequest
 from router.registry import WorkerState
@@ -28,21 +27,10 @@ def test_the_pool_limit_is_its_smallest_worker_and_unknown_without_any():
 
 
 def test_a_prompt_that_fits_passes_and_one_token_over_is_refused():
-    check_prompt_tokens(4096, None, 4096, "prompt")
+    check_prompt_tokens(4096, 4096, "prompt")
     with pytest.raises(InvalidRequest) as refused:
-        check_prompt_tokens(4097, None, 4096, "prompt")
-    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "prompt")
-
-
-def test_prompt_plus_requested_output_must_fit_under_the_name_the_client_used():
-    check_prompt_tokens(4000, ("max_tokens", 96), 4096, "messages")
-    with pytest.raises(InvalidRequest) as refused:
-        check_prompt_tokens(4000, ("max_completion_tokens", 97), 4096, "messages")
-    assert refused.value.param == "max_completion_tokens"
-    assert "97 > 4096 - 4000" in refused.value.message
-    body = {"max_tokens": 10, "max_completion_tokens": 20}
-    assert requested_output_tokens(body) == ("max_completion_tokens", 20)
-    assert requested_output_tokens({}) is None
+        check_prompt_tokens(4097, 4096, "messages")
+    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
 
 
 def test_characters_beyond_what_the_limit_can_hold_are_refused_before_tokenizing():
