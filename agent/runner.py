@@ -14,6 +14,7 @@ from pathlib import Path
 from agent.engine_spec import EngineSpec, detect_device
 from agent.reporter import RouterReporter
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
+from contracts.block_hashing import engine_hash_seed
 from contracts.workers import WorkerRegistration, WorkerRole
 from kvtransfer.transport import KVRole, NixlTransport
 
@@ -103,6 +104,7 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         kv_events_endpoint=spec.kv_events_subscribe_endpoint(),
         block_size=spec.resolved_block_size(),
         prefix_caching_hash_algo=spec.prefix_caching_hash_algo,
+        prefix_hash_seed=engine_hash_seed(spec.env(dict(os.environ))),
         tokenizer_path=str(Path(spec.model_path).resolve()),
         kv_capacity_tokens=spec.kv_capacity_tokens(),
         max_model_len=spec.context_window(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NewType
 
 import cbor2
@@ -56,9 +56,19 @@ def hash_function(name: str) -> HashFn:
         ) from None
 
 
-def none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> BlockHash:
-    """The parent hash of every first block."""
-    return BlockHash(hash_fn(seed))
+def none_hash(hash_fn: HashFn, seed: str | None = None) -> BlockHash:
+    """The parent hash of every first block; ``seed`` None is vLLM's default."""
+    return BlockHash(hash_fn(DEFAULT_NONE_HASH_SEED if seed is None else seed))
+
+
+def engine_hash_seed(engine_env: Mapping[str, str]) -> str | None:
+    """The NONE_HASH seed an engine started with this environment uses, None for the default.
+
+    vLLM takes PYTHONHASHSEED as the seed whenever it is set, for every algorithm; an
+    operator who sets it (for reproducibility, say) changes every block hash, and a
+    router that assumed the default would silently find no prefix anywhere.
+    """
+    return engine_env.get("PYTHONHASHSEED")
 
 
 def hash_block(

@@ -54,6 +54,8 @@ class WorkerRegistration(BaseModel):
     # What the router needs to hash prompts the way this engine's prefix cache does.
     block_size: int | None = Field(default=None, ge=1, le=4096)
     prefix_caching_hash_algo: str = Field(default="sha256", max_length=50)
+    # The engine's NONE_HASH seed (its PYTHONHASHSEED) when not vLLM's default.
+    prefix_hash_seed: str | None = Field(default=None, max_length=200)
     tokenizer_path: str | None = Field(default=None, max_length=1000, description="model folder")
     kv_capacity_tokens: int | None = Field(default=None, ge=0)
     # Prompt plus output tokens the engine accepts (vLLM's --max-model-len).

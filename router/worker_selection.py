@@ -104,7 +104,7 @@ class WorkerSelector:
         self._pipelines: dict[tuple[str, WorkerRole], Pipeline] = {}
         self._recent: dict[str, deque[str]] = {}  # pool -> last chosen worker ids
         self._capacity_blocks: dict[str, int | None] = {}
-        self._hashers: dict[str, MemoizedBlockHasher] = {}
+        self._hashers: dict[tuple[str, str | None], MemoizedBlockHasher] = {}
         self._policies = settings.routing_policies()  # parsed once, not per request
         self.event_counts: Counter[tuple[str, str]] = Counter()
         self.predicted_hit_tokens: Counter[str] = Counter()
@@ -165,17 +165,17 @@ class WorkerSelector:
         if limit:
             check_prompt_tokens(len(ids), limit, param)
         assert registration.block_size is not None
-        hasher = self._hasher(registration.prefix_caching_hash_algo)
+        hasher = self._hasher(registration.prefix_caching_hash_algo, registration.prefix_hash_seed)
         return PromptBlocks(
             len(ids), registration.block_size, hasher.lazy(ids, registration.block_size)
         )
 
-    def _hasher(self, algorithm: str) -> MemoizedBlockHasher:
-        hasher = self._hashers.get(algorithm)
+    def _hasher(self, algorithm: str, seed: str | None) -> MemoizedBlockHasher:
+        hasher = self._hashers.get((algorithm, seed))
         if hasher is None:
             hash_fn = hash_function(algorithm)
-            hasher = self._hashers[algorithm] = MemoizedBlockHasher(
-                hash_fn, none_hash(hash_fn), self._settings.block_hash_memo_entries
+            hasher = self._hashers[(algorithm, seed)] = MemoizedBlockHasher(
+                hash_fn, none_hash(hash_fn, seed), self._settings.block_hash_memo_entries
             )
         return hasher
 

@@ -59,7 +59,7 @@ class TimingProfile:
     transfer_gbytes_per_s: float
     transfer_overhead_ms: float
     prefill_ms_per_kpair: float = 0.0
-    # Measured (prompt tokens, ms) points of one fresh prefill, increasing in both.
+    # Measured (prompt tokens, ms) points of one fresh prefill: tokens rising, ms not falling.
     prefill_ms_curve: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ class TimingProfile:
         if any(b[0] <= a[0] or b[1] < a[1] for a, b in pairwise(curve)) or any(
             tokens <= 0 or ms < 0 for tokens, ms in curve
         ):
-            raise ValueError(f"profile {self.name}: prefill_ms_curve must increase")
+            raise ValueError(f"profile {self.name}: prefill_ms_curve must increase (ms: not fall)")
         if self.block_size_tokens <= 0 or self.kv_capacity_tokens < self.block_size_tokens:
             raise ValueError(f"profile {self.name}: KV capacity must hold at least one block")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from contracts.block_hashing import hash_function, none_hash
+from contracts.block_hashing import engine_hash_seed, hash_function, none_hash
 from contracts.tokenization import ModelTokenizer, load_tokenizer
 from sim import DEFAULT_MAX_MODEL_LEN
 from sim.engine import SimEngine, SimRequest
@@ -67,7 +67,7 @@ class SimServer:
         self.engine = SimEngine(
             profile=config.profile,
             hash_fn=hash_fn,
-            root_hash=none_hash(hash_fn),
+            root_hash=none_hash(hash_fn, engine_hash_seed(os.environ)),  # as vLLM
             lease_s=config.kv_lease_s,
             clock=time.monotonic,
         )

@@ -5,6 +5,7 @@ import pytest
 from contracts.block_hashing import (
     HASH_FUNCTIONS,
     block_hashes,
+    engine_hash_seed,
     external_block_hash,
     hash_function,
     none_hash,
@@ -14,11 +15,19 @@ from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
 from sim.kv_events import encode_batch
 
 
+@pytest.mark.parametrize("python_hash_seed", [None, "1234"])
 @pytest.mark.parametrize("algorithm", sorted(HASH_FUNCTIONS))
-def test_hash_chain_equals_vllms(algorithm):
+def test_hash_chain_equals_vllms(algorithm, python_hash_seed, monkeypatch):
+    """Also with PYTHONHASHSEED set, which vLLM takes as its NONE_HASH seed."""
+    import os
+
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
 
+    if python_hash_seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", python_hash_seed)
     theirs_fn = get_hash_fn_by_name(algorithm)
     kv_cache_utils.init_none_hash(theirs_fn)
     tokens = list(range(1000, 1000 + 3 * 16 + 5))
@@ -27,7 +36,8 @@ def test_hash_chain_equals_vllms(algorithm):
         parent = kv_cache_utils.hash_block_tokens(theirs_fn, parent, tokens[start : start + 16])
         theirs.append(bytes(parent))
     ours = hash_function(algorithm)
-    assert block_hashes(tokens, 16, ours, none_hash(ours)) == theirs
+    root = none_hash(ours, engine_hash_seed(os.environ))
+    assert block_hashes(tokens, 16, ours, root) == theirs
 
 
 def test_sim_kv_events_decode_with_vllms_own_types():

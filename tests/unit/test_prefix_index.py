@@ -159,3 +159,28 @@ def test_routing_hashes_a_prompt_only_as_deep_as_the_index_matches():
     again = PromptBlocks(len(held), 16, hasher.lazy(held, 16))
     assert again.all() == expected and len(calls) == 4, "a repeated prompt comes from the memo"
     assert not PromptBlocks(15, 16, hasher.lazy(held[:15], 16)).known
+
+
+async def test_the_router_hashes_with_the_seed_the_engine_registered():
+    """An engine started with PYTHONHASHSEED hashes from another root; so must the router."""
+    from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
+    from contracts.workers import WorkerRegistration, WorkerRole
+    from modelstore import tiny_llama
+    from router.registry import WorkerState
+    from router.settings import RouterSettings
+    from router.worker_selection import WorkerSelector
+
+    ids = list(range(100, 164))
+    selector = WorkerSelector(RouterSettings(), clock=lambda: 0.0)
+    for seed in (None, "1234"):
+        registration = WorkerRegistration(
+            worker_id="p", role=WorkerRole.PREFILL, model="m", engine_url="http://e",
+            block_size=16, tokenizer_path=str(tiny_llama.ensure()), prefix_hash_seed=seed,
+        )  # fmt: skip
+        blocks = await selector.prompt_blocks(
+            {"prompt": ids}, chat=False, workers=[WorkerState(registration, 0.0)]
+        )
+        root = none_hash(sha256_pickle, seed)
+        assert blocks.all() == [
+            external_block_hash(h) for h in block_hashes(ids, 16, sha256_pickle, root)
+        ]
