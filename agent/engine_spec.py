@@ -172,22 +172,28 @@ class EngineSpec:
         return env
 
 
+def model_config(model_dir: Path) -> dict:
+    """The model's config.json, or {} when it is missing or unreadable."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def max_position_embeddings(model_dir: Path) -> int | None:
     """vLLM's default max_model_len for plain (unscaled RoPE) models."""
-    try:
-        value = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError):
-        return None
+    value = model_config(model_dir).get("max_position_embeddings")
     return value if isinstance(value, int) and value > 0 else None
 
 
 def kv_bytes_per_token(model_dir: Path) -> int | None:
     """K and V for every layer, from the model's config.json (16-bit weights assumed)."""
+    config = model_config(model_dir)
     try:
-        config = json.loads((model_dir / "config.json").read_text())
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads", heads)
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
         return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 2
-    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError):
+    except (KeyError, TypeError, ZeroDivisionError):
         return None

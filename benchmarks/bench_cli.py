@@ -229,13 +229,12 @@ def main(args: argparse.Namespace) -> int:
     runs = []
     args.out.mkdir(parents=True, exist_ok=True)
     rates = [None] if args.arrival == "trace" else args.rates
-    base_seed = args.seed
     for index, rate in enumerate(rates):
         # Each rate of a sweep gets fresh prompts (but the same shapes): otherwise the
         # later rates would run on prefixes the earlier ones left cached.
-        args.seed = base_seed + index
-        requests = build_requests(args)
-        run = run_once(args, requests, rate or args.rates[0])
+        rate_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})
+        requests = build_requests(rate_args)
+        run = run_once(rate_args, requests, rate or args.rates[0])
         path = args.out / f"{_file_name(run['label'])}.json"
         path.write_text(json.dumps(run, indent=1) + "\n")
         summary = run["summary"]

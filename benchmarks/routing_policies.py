@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.client import RequestResult
@@ -138,16 +139,13 @@ def run_policy(policy: str, schedule: list[Scheduled], input_tokens: list[int],
         - total(router0, "pdserve_routing_decisions_total", pool="prefill", reason=reason)
         for reason in reason_names
     }
-    errors: dict[str, int] = {}
-    for result in results:
-        if not result.ok:
-            errors[error_kind(result)] = errors.get(error_kind(result), 0) + 1
+    errors = Counter(error_kind(result) for result in results if not result.ok)
     meeting_slo = sum(1 for t in ttft_ms if t <= args.ttft_slo_ms)
     return {
         "policy": policy,
         "requests": len(results),
         "succeeded": len(ok),
-        "errors": errors,
+        "errors": dict(errors),
         "duration_s": duration_s,
         "prefix_hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
         "predicted_hit_rate_by_worker": {

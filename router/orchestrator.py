@@ -230,10 +230,13 @@ class Orchestrator:
         last_error: APIError | None = None
         reprefills_left = self._settings.kv_lease_reprefills if reprefill else 0
         for _ in range(len(pool)):
-            lease_spent = handoff is not None and not handoff.lease_holds(
-                self._clock(), self._settings.kv_lease_s
-            )
-            if tried and lease_spent and reprefill and reprefills_left:
+            if (
+                tried
+                and reprefill is not None
+                and reprefills_left
+                and handoff is not None
+                and not handoff.lease_holds(self._clock(), self._settings.kv_lease_s)
+            ):
                 # The next decode would pull blocks the producer may have reused.
                 reprefills_left -= 1
                 self._metrics.kv_lease_reprefills.labels(call.model).inc()
