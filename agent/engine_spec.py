@@ -8,12 +8,14 @@ knobs are ``--gpu-memory-utilization`` and ``CUDA_VISIBLE_DEVICES``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent.placement import ExpectedPlacement, parse_cpu_list
 from kvtransfer.transport import NixlTransport
 
 Device = Literal["cpu", "cuda"]
@@ -21,6 +23,8 @@ Device = Literal["cpu", "cuda"]
 # that the router hashes prompts with the block size the engine really uses.
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"cpu": 128, "cuda": 16}
 EngineKind = Literal["vllm", "sim"]
+# Its sitecustomize runs first in every engine interpreter: core pinning, NIXL fixes.
+ENGINE_SITE_DIR = Path(__file__).with_name("engine_site")
 
 
 def detect_device() -> Device:
@@ -153,8 +157,21 @@ class EngineSpec:
             args += ["--kv-events-endpoint", self.kv_events_endpoint]
         return [*args, "--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
 
+    def expected_placement(self) -> ExpectedPlacement | None:
+        """Where the engine's threads must run (checked once it is ready); None: anywhere."""
+        if not self.cores or self.engine != "vllm":
+            return None  # a sim's cores model nothing: the OS places it
+        if self.device == "cuda":
+            return ExpectedPlacement(cuda_visible_devices=self.cores)
+        cpus = parse_cpu_list(self.cores)
+        # vLLM pins OpenMP's first thread, the one that runs the model, to the first core.
+        return ExpectedPlacement(cpus=cpus, model_thread_cpu=min(cpus))
+
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ENGINE_SITE_DIR), base.get("PYTHONPATH", "")) if p
+        )
         env["HF_HUB_OFFLINE"] = "1"
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         # The router pools connections to the engine; uvicorn's 5 s default makes it
@@ -165,6 +182,11 @@ class EngineSpec:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
             if self.cores:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
+                if self.engine == "vllm":
+                    env["PDSERVE_ENGINE_CPUS"] = self.cores
+            if self.transport:
+                # vLLM 0.32's NixlConnector would move the model thread to the last core.
+                env["PDSERVE_KEEP_MODEL_THREAD_CORES"] = "1"
         elif self.cores:
             env["CUDA_VISIBLE_DEVICES"] = self.cores
         if self.transport:

@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 
 from agent.engine_spec import EngineSpec
+from agent.placement import placement_violations
 
 log = logging.getLogger("pdserve.agent")
 
@@ -97,7 +98,7 @@ class EngineSupervisor:
             )
         log.info("engine started pid=%d port=%d", self._process.pid, self.spec.port)
         try:
-            if await self._wait_ready():
+            if await self._wait_ready() and await self._placed_as_assigned():
                 self.ready = True
                 await self._on_state(True)
                 await self._process.wait()
@@ -125,6 +126,22 @@ class EngineSupervisor:
             "engine on port %d not ready after %.0fs", self.spec.port, self.policy.ready_timeout_s
         )
         return False
+
+    async def _placed_as_assigned(self) -> bool:
+        """False (and a log line per stray thread) when any engine thread runs off its cores:
+        such an engine is stopped and restarted, never registered."""
+        expected = self.spec.expected_placement()
+        if expected is None or self._process is None:
+            return True
+        problems = await asyncio.to_thread(placement_violations, self._process.pid, expected)
+        for problem in problems:
+            log.error("engine on port %d misplaced: %s", self.spec.port, problem)
+        if problems:
+            log.error(
+                "engine on port %d: not registering it (%d thread(s) off their cores)",
+                self.spec.port, len(problems),
+            )  # fmt: skip
+        return not problems
 
     async def stop(self) -> None:
         """Terminate the engine (SIGTERM, then SIGKILL after the grace period)."""

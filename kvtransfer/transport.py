@@ -34,6 +34,11 @@ class NixlTransport:
     # ``kv_lease_duration``; decode renews it by heartbeat while pulling). The
     # router refuses handoffs older than this, so it must match the router's lease.
     kv_lease_s: int = 30
+    # NIXL's progress thread waits up to this long for a UCX event before polling
+    # again. NIXL's Python API hard-codes 0, a busy poll that holds a whole core
+    # forever; on a shared box that core is another engine's. The engine-side
+    # start-up hook (agent/engine_site) applies it; 0 keeps NIXL's busy poll.
+    progress_delay_us: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 < self.side_channel_port < 65536:
@@ -41,6 +46,8 @@ class NixlTransport:
         if self.kv_lease_s < 6:
             # NixlConnector heartbeats every lease/6 s (integer): below 6 that is 0.
             raise ValueError("kv_lease_s must be at least 6 seconds")
+        if not 0 <= self.progress_delay_us <= 1_000_000:
+            raise ValueError("progress_delay_us must be within 0..1000000 (1 s)")
 
     def kv_transfer_config(self) -> str:
         """The JSON for vLLM's ``--kv-transfer-config``."""
@@ -61,4 +68,6 @@ class NixlTransport:
         }
         if self.ucx_net_devices:
             env["UCX_NET_DEVICES"] = self.ucx_net_devices
+        if self.progress_delay_us:
+            env["PDSERVE_NIXL_PROGRESS_DELAY_US"] = str(self.progress_delay_us)
         return env
