@@ -131,7 +131,9 @@ def cuda_violations(pids: list[int], expected: str, proc: Path = PROC) -> list[s
             environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        seen = next((e[21:].decode() for e in environ if e.startswith(b"CUDA_VISIBLE_DEVICES=")), None)
+        seen = next(
+            (e[21:].decode() for e in environ if e.startswith(b"CUDA_VISIBLE_DEVICES=")), None
+        )
         if seen != expected:
             problems.append(f"pid {pid} sees CUDA_VISIBLE_DEVICES={seen}, not {expected}")
     return problems
@@ -148,4 +150,3 @@ def placement_violations(root_pid: int, expected: ExpectedPlacement) -> list[str
 
 def _fmt(cpus: frozenset[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus)) or "none"
-

@@ -1,16 +1,20 @@
 """Router and disaggregation overhead, measured side by side in one run.
 
-Four ways to serve the same streamed completion on the tiny model:
-  (a) direct      the colocated vLLM, called directly;
-  (b) router      the same engine through the router (no P/D);
+Five ways to serve the same streamed completion on the tiny model:
+  (a) direct      the colocated vLLM (no NIXL), called directly;
+  (a') direct_pd  the decode vLLM (NixlConnector loaded), called directly with no
+                  handoff: what the transfer machinery costs every request;
+  (b) router      the colocated engine through the router (no P/D);
   (c) router_pd   the disaggregated path through the router;
   (d) raw_pd      the two-call P/D protocol, called directly on the engines.
 
 The modes are interleaved request by request, so machine noise hits all of them
 alike; every request carries a fresh prompt prefix, so no mode gets a prefix-cache
-hit from another. Reported: TTFT and end-to-end latency (p50/p90/mean), and the
-differences the budgets are about: (b-a) router cost, (c-b) disaggregation cost,
-(c-d) router cost on the P/D path.
+hit from another. Reported: TTFT and end-to-end latency (p50/p90/mean), the
+differences the budgets are about ((b-a) router cost, (c-d) router cost on the P/D
+path, (d-a) the P/D tax, a'/a the NIXL engine's own cost), each engine's CPU use
+while the cluster idles, and whether each goal of issue 11 was met. The router runs
+with the settings it ships with (the KV lease guard on).
 
     python -m benchmarks.pd_overhead [--requests 30] [--out benchmarks/results]
 """
@@ -25,17 +29,19 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 
-from cli.cluster import CROWDED_BOX_ROUTER_ENV, ClusterPlan, LocalCluster
+from cli.cluster import ClusterPlan, LocalCluster
 from cli.ports import free_ports
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
 from modelstore import tiny_llama
 
-MODES = ("direct", "router", "router_pd", "raw_pd")
+MODES = ("direct", "direct_pd", "router", "router_pd", "raw_pd")
 PROMPT_WORDS = {"short": 50, "long": 400}
 MAX_TOKENS = 16
 COLOCATED_NAME = "tiny-llama-colocated"
@@ -96,6 +102,7 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
     # mode -> (URL, served model) for the single-call modes
     single_call = {
         "direct": (colocated + "/v1/completions", COLOCATED_NAME),
+        "direct_pd": (decode + "/v1/completions", tiny_llama.SERVED_NAME),
         "router": (cluster.router_url + "/v1/completions", COLOCATED_NAME),
         "router_pd": (cluster.router_url + "/v1/completions", tiny_llama.SERVED_NAME),
     }
@@ -169,6 +176,7 @@ def summarise(samples: list[Sample]) -> dict:
                 metric: {
                     "p50": percentile([getattr(s, metric) for s in chosen], 0.5),
                     "p90": percentile([getattr(s, metric) for s in chosen], 0.9),
+                    "max": max(getattr(s, metric) for s in chosen),
                     "mean": statistics.fmean(getattr(s, metric) for s in chosen),
                 }
                 for metric in ("ttft_ms", "e2e_ms")
@@ -176,15 +184,73 @@ def summarise(samples: list[Sample]) -> dict:
         p50 = {mode: summary[size][mode]["ttft_ms"]["p50"] for mode in MODES}
         summary[size]["deltas_p50_ms"] = {
             "router_added_b_minus_a": p50["router"] - p50["direct"],
-            "disaggregation_c_minus_b": p50["router_pd"] - p50["router"],
             "router_on_pd_c_minus_d": p50["router_pd"] - p50["raw_pd"],
+            "pd_tax_d_minus_a": p50["raw_pd"] - p50["direct"],
+            "disaggregation_c_minus_b": p50["router_pd"] - p50["router"],
         }
+        summary[size]["nixl_engine_ttft_ratio"] = p50["direct_pd"] / p50["direct"]
     return summary
 
 
-def table(summary: dict, command: str, requests: int) -> str:
+def goals(summary: dict, idle: dict, lease_reprefills: float, kv_lease_s: float) -> list[dict]:
+    """Issue 11's goals: each a measured value, its upper limit, and whether it was met."""
+    rows = []
+
+    def goal(name: str, value: float, limit: float) -> None:
+        rows.append({"goal": name, "value": round(value, 3), "limit": limit, "met": value <= limit})
+
+    for size in PROMPT_WORDS:
+        d, ttft = summary[size]["deltas_p50_ms"], summary[size]
+        goal(f"{size}: router added TTFT p50 (b-a), ms", d["router_added_b_minus_a"], 1)
+        goal(f"{size}: router P/D minus raw two-call TTFT p50 (c-d), ms",
+             d["router_on_pd_c_minus_d"], 5)  # fmt: skip
+        goal(f"{size}: NIXL engine direct / plain engine, TTFT p50", ttft["nixl_engine_ttft_ratio"],
+             1.25)  # fmt: skip
+        worst = max(ttft[m]["ttft_ms"]["p90"] / ttft[m]["ttft_ms"]["p50"] for m in MODES)
+        goal(f"{size}: worst TTFT p90/p50 over the modes", worst, 3)
+    goal("short: P/D tax (d-a) TTFT p50, ms", summary["short"]["deltas_p50_ms"]["pd_tax_d_minus_a"],
+         50)  # fmt: skip
+    goal("failed requests", sum(summary[s][m]["failed"] for s in PROMPT_WORDS for m in MODES), 0)
+    goal("KV lease re-prefills on the router", lease_reprefills, 0)
+    slowest_s = max(summary[s]["router_pd"]["ttft_ms"]["max"] for s in PROMPT_WORDS) / 1000
+    goal("slowest P/D TTFT against the KV lease, s", slowest_s, kv_lease_s)
+    for worker, percent in idle.items():
+        goal(f"{worker}: engine CPU while idle, % of a core", percent, 10)
+    return rows
+
+
+def idle_engine_cpu(cluster: LocalCluster, seconds: float = 5.0) -> dict[str, float]:
+    """Percent of one core each worker's engine (every process under its agent) uses idle."""
+
+    def cpu_s(root: psutil.Process) -> float:
+        total = 0.0
+        for process in root.children(recursive=True):
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    agents = {name: psutil.Process(process.pid) for name, process in cluster.agents.items()}
+    before = {name: cpu_s(agent) for name, agent in agents.items()}
+    time.sleep(seconds)
+    return {name: 100 * (cpu_s(agent) - before[name]) / seconds for name, agent in agents.items()}
+
+
+def router_counter(router_url: str, name: str) -> float:
+    """The sum of a counter's samples on the router's /metrics."""
+    with urllib.request.urlopen(router_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+
+
+def table(saved: dict) -> str:
+    summary, requests = saved["summary"], saved["requests_per_mode"]
     lines = [
-        "# P/D overhead (tiny model, CPU)", "", f"Command: `{command}`", "",
+        "# P/D overhead (tiny model, CPU)", "",
+        f"Command: `{saved['command']}` ({saved['date']})", "",
         f"{requests} streamed completions per mode and prompt size, {MAX_TOKENS} output tokens, "
         "modes interleaved. Milliseconds.", "",
         "| prompt | mode | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 | failed |",
@@ -196,12 +262,18 @@ def table(summary: dict, command: str, requests: int) -> str:
             lines.append(f"| {size} ({PROMPT_WORDS[size]} words) | {mode} | {ttft['p50']:.1f} | "
                          f"{ttft['p90']:.1f} | {e2e['p50']:.1f} | {e2e['p90']:.1f} | "
                          f"{summary[size][mode]['failed']} |")  # fmt: skip
-    lines += ["", "| prompt | router added (b-a) | disaggregation (c-b) | router on P/D (c-d) |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| prompt | router added (b-a) | router on P/D (c-d) | P/D tax (d-a) | "
+              "disaggregation (c-b) |", "|---|---|---|---|---|"]  # fmt: skip
     for size in PROMPT_WORDS:
         d = summary[size]["deltas_p50_ms"]
         cells = " | ".join(f"{value:+.1f}" for value in d.values())
         lines.append(f"| {size} | {cells} |")
+    lines += ["", "Engine CPU while the cluster idles (percent of one core, every process "
+              "of the engine):", "", "| worker | idle CPU % |", "|---|---|"]  # fmt: skip
+    lines += [f"| {worker} | {percent:.1f} |" for worker, percent in saved["idle_cpu_pct"].items()]
+    lines += ["", "| goal | measured | limit | met |", "|---|---|---|---|"]
+    lines += [f"| {g['goal']} | {g['value']} | {g['limit']} | {'yes' if g['met'] else 'NO'} |"
+              for g in saved["goals"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -224,10 +296,10 @@ def plot(samples: list[Sample], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_reports(out: Path, samples: list[Sample], command: str, requests: int) -> None:
-    report = table(summarise(samples), command, requests)
+def write_reports(out: Path, saved: dict) -> None:
+    report = table(saved)
     (out / "pd_overhead.md").write_text(report)
-    plot(samples, out / "pd_overhead.png")
+    plot([Sample(**s) for s in saved["samples"]], out / "pd_overhead.png")
     print(report)
 
 
@@ -242,9 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        saved = json.loads((out / "pd_overhead.json").read_text())
-        samples = [Sample(**s) for s in saved["samples"]]
-        write_reports(out, samples, saved["command"], saved["requests_per_mode"])
+        write_reports(out, json.loads((out / "pd_overhead.json").read_text()))
         return 0
     (port,) = free_ports(1)
     run_dir = Path(tempfile.mkdtemp(prefix="pdserve-bench-"))
@@ -252,21 +322,27 @@ def main(argv: list[str] | None = None) -> int:
         model_path=tiny_llama.ensure(), served_name=tiny_llama.SERVED_NAME,
         colocated_served_name=COLOCATED_NAME, prefill=1, decode=1, colocated=1,
         port=port, run_dir=run_dir, drain_timeout_s=5,
-        router_env=CROWDED_BOX_ROUTER_ENV,
     )  # fmt: skip
     cluster = LocalCluster(plan, say=lambda m: print(f"bench: {m}", flush=True))
     try:
         cluster.start()
+        idle = idle_engine_cpu(cluster)
+        print(f"bench: idle engine CPU %: {idle}", flush=True)
         samples = asyncio.run(measure(cluster, args.requests, args.warmup))
+        reprefills = router_counter(cluster.router_url, "pdserve_kv_lease_reprefills_total")
     finally:
         cluster.stop()
-    command = ("python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])).strip()
-    (out / "pd_overhead.json").write_text(json.dumps({
-        "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    summary = summarise(samples)
+    saved = {
+        "command": ("python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])).strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,
-        "summary": summarise(samples), "samples": [asdict(s) for s in samples],
-    }, indent=2))  # fmt: skip
-    write_reports(out, samples, command, args.requests)
+        "idle_cpu_pct": idle, "kv_lease_reprefills": reprefills,
+        "goals": goals(summary, idle, reprefills, plan.kv_lease_s),
+        "summary": summary, "samples": [asdict(s) for s in samples],
+    }  # fmt: skip
+    (out / "pd_overhead.json").write_text(json.dumps(saved, indent=2))
+    write_reports(out, saved)
     return 0
 
 

@@ -29,18 +29,6 @@ from cli.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
 
-# Router settings for several real engines sharing a 2-core box. Each P/D engine's
-# NIXL progress thread busy-polls a whole core, so engines, agents and the router
-# are starved for seconds at a time: the production defaults (5 s probe, 10 s
-# heartbeat) would eject healthy workers. Decodes there also start after the 30 s KV
-# lease now and then, which the lease guard would turn into errors; the real-tier
-# equality tests check those outputs instead. Tests and benchmarks on such a box use these.
-CROWDED_BOX_ROUTER_ENV = {
-    "PDSERVE_HEALTH_TIMEOUT_S": "10",
-    "PDSERVE_HEARTBEAT_TIMEOUT_S": "30",
-    "PDSERVE_KV_LEASE_GUARD": "false",
-}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterPlan:

@@ -1,4 +1,5 @@
-"""``pdserve up`` starts a cluster that answers, and SIGTERM leaves no process behind.
+"""``pdserve up`` in ``make run``'s shape (1 prefill + 1 decode) answers a streamed chat
+through the disaggregated path, and SIGTERM leaves no process behind.
 
 Marked ``own_engines``, so it runs before the shared session cluster starts: next
 to three busy vLLM engines on two cores, a fourth took over 6 minutes.
@@ -7,6 +8,7 @@ to three busy vLLM engines on two cores, a fourth took over 6 minutes.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from benchmarks.prometheus_text import scrape, total
 from cli.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate
@@ -23,11 +26,11 @@ READY = "ready: OpenAI API at"
 
 
 @pytest.mark.own_engines
-def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
+def test_pdserve_up_pd_answers_then_stops_without_orphans(tiny_model, tmp_path):
     (port,) = free_ports(1)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--model", "tiny", "--prefill", "0",
-         "--decode", "0", "--colocated", "1", "--port", str(port),
+        [sys.executable, "-m", "cli.main", "up", "--model", "tiny", "--prefill", "1",
+         "--decode", "1", "--port", str(port),
          "--run-dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -40,9 +43,14 @@ def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
             "max_tokens": 8, "stream": True,
         })  # fmt: skip
         assert result.status == 200 and result.done and result.text
+        # It went prefill -> NIXL -> decode: the decode engine computed no prompt token.
+        samples = scrape(_engine_url(tmp_path / "run", "decode") + "/metrics")
+        by_source = "vllm:prompt_tokens_by_source_total"
+        assert total(samples, by_source, source="external_kv_transfer") > 0
+        assert total(samples, by_source, source="local_compute") == 0
 
         family = psutil.Process(launcher.pid).children(recursive=True)
-        assert len(family) >= 3, "router, agent and engine processes must be running"
+        assert len(family) >= 5, "router, two agents and their engines must be running"
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=120) == 0
         # The launcher returns only after SIGKILLing every child's process group.
@@ -56,6 +64,11 @@ def test_pdserve_up_answers_then_stops_without_orphans(tiny_model, tmp_path):
                     process.kill()
             launcher.kill()
             launcher.wait()
+
+
+def _engine_url(run_dir, role: str) -> str:
+    workers = json.loads((run_dir / "cluster.json").read_text())["workers"]
+    return next(f"http://127.0.0.1:{w['engine_port']}" for w in workers if w["role"] == role)
 
 
 def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:

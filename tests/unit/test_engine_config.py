@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from agent.engine_spec import EngineSpec
+from agent.engine_spec import ENGINE_SITE_DIR, EngineSpec
+from agent.placement import ExpectedPlacement
 from kvtransfer.transport import NixlTransport
 
 
@@ -29,7 +30,14 @@ def test_transport_env_stays_on_loopback_by_default():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"side_channel_port": 0}, {"side_channel_port": 65536}, {"kv_lease_s": 5}]
+    "kwargs",
+    [
+        {"side_channel_port": 0},
+        {"side_channel_port": 65536},
+        {"kv_lease_s": 5},
+        {"progress_delay_us": -1},
+        {"progress_delay_us": 2_000_000},
+    ],
 )
 def test_transport_rejects_bad_values(kwargs):
     base = {"role": "kv_consumer", "buffer_device": "cpu", "side_channel_port": 5601}
@@ -78,3 +86,27 @@ def test_kv_events_endpoint_becomes_vllm_config():
 def test_engine_spec_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         spec(**kwargs)
+
+
+def test_cpu_pd_engine_gets_the_start_up_fixes():
+    s = spec(cores="0", transport=transport(progress_delay_us=2000))
+    env = s.env({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(":") == [str(ENGINE_SITE_DIR), "/elsewhere"]
+    assert (ENGINE_SITE_DIR / "sitecustomize.py").is_file()
+    assert env["PDSERVE_ENGINE_CPUS"] == "0"
+    assert env["PDSERVE_KEEP_MODEL_THREAD_CORES"] == "1"
+    assert env["PDSERVE_NIXL_PROGRESS_DELAY_US"] == "2000"
+    assert s.expected_placement() == ExpectedPlacement(cpus=frozenset({0}), model_thread_cpu=0)
+
+
+def test_colocated_and_sim_engines_get_only_what_applies():
+    colocated = spec(cores="0-1").env({})
+    assert colocated["PDSERVE_ENGINE_CPUS"] == "0-1"
+    assert "PDSERVE_KEEP_MODEL_THREAD_CORES" not in colocated
+    assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in colocated
+    assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in transport(progress_delay_us=0).env()
+    assert "PDSERVE_ENGINE_CPUS" not in spec(cores="0", engine="sim").env({})
+    assert spec(cores="0", engine="sim").expected_placement() is None
+    assert spec(device="cuda", cores="2").expected_placement() == ExpectedPlacement(
+        cuda_visible_devices="2"
+    )
