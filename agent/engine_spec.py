@@ -23,6 +23,9 @@ Device = Literal["cpu", "cuda"]
 # that the router hashes prompts with the block size the engine really uses.
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"cpu": 128, "cuda": 16}
 EngineKind = Literal["vllm", "sim"]
+# Long enough to span the gap between two decode steps (~10 ms on CPU), so a running
+# request never takes the sleeping path; short enough that an idle engine frees its core.
+CPU_IDLE_SPIN_S = 0.02
 # Its sitecustomize runs first in every engine interpreter: core pinning, NIXL fixes.
 ENGINE_SITE_DIR = Path(__file__).with_name("engine_site")
 
@@ -49,6 +52,10 @@ class EngineSpec:
     # did not survive restarts; eager is the sane default there.
     enforce_eager: bool | None = None
     kv_events_endpoint: str | None = None
+    # How long vLLM's workers busy-wait for the next step before they sleep. vLLM
+    # spins 1 s; on CPU the spin takes the cores the engine itself computes on
+    # (docs/pd-on-cpu.md), so None means CPU_IDLE_SPIN_S there and vLLM's own on CUDA.
+    idle_spin_s: float | None = None
     # vLLM's --prefix-caching-hash-algo; the router hashes prompts with the same one.
     prefix_caching_hash_algo: str = "sha256"
     transport: NixlTransport | None = None
@@ -62,6 +69,8 @@ class EngineSpec:
             raise ValueError(f"engine port {self.port} is not a port")
         if self.kv_cache_gib < 1:
             raise ValueError("kv_cache_gib must be at least 1")
+        if self.idle_spin_s is not None and not 0 <= self.idle_spin_s <= 10:
+            raise ValueError("idle_spin_s must be within 0..10 seconds")
         if self.block_size is not None and self.device == "cpu" and self.block_size % 32:
             raise ValueError("on CPU, vLLM's block_size must be a multiple of 32")
 
@@ -184,11 +193,17 @@ class EngineSpec:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
                 if self.engine == "vllm":
                     env["PDSERVE_ENGINE_CPUS"] = self.cores
+            if self.engine == "vllm":
+                spin_s = CPU_IDLE_SPIN_S if self.idle_spin_s is None else self.idle_spin_s
+                env["PDSERVE_ENGINE_IDLE_SPIN_S"] = str(spin_s)
             if self.transport:
                 # vLLM 0.32's NixlConnector would move the model thread to the last core.
                 env["PDSERVE_KEEP_MODEL_THREAD_CORES"] = "1"
-        elif self.cores:
-            env["CUDA_VISIBLE_DEVICES"] = self.cores
+        else:
+            if self.cores:
+                env["CUDA_VISIBLE_DEVICES"] = self.cores
+            if self.idle_spin_s is not None:
+                env["PDSERVE_ENGINE_IDLE_SPIN_S"] = str(self.idle_spin_s)
         if self.transport:
             env.update(self.transport.env())
         return env

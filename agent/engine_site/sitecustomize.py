@@ -14,6 +14,15 @@ docs/pd-on-cpu.md.
   model's compute, not the transfer, onto that core (on a 2-core box, every P/D
   engine onto core 1). The fix makes the topology it reserves from empty, which
   is vLLM's own "nothing to reserve" path.
+- ``PDSERVE_ENGINE_IDLE_SPIN_S``: vLLM's workers busy-loop (``sched_yield``) on
+  their shared-memory queue for 1 s after every message before they sleep on a
+  socket (``SpinCondition.busy_loop_s``, not configurable). With each engine on its
+  own few cores that spin takes the cores its own engine core and API server need,
+  and one engine's spin slowed the next engine's request on a shared core 2x.
+  A short spin still covers the gap between decode steps. Past it, vLLM sleeps on a
+  socket whose wake-up can be lost (a PUB with a high-water mark of 1), and then
+  rechecks only every 5 s: with a short spin that 5 s stall became common, so the
+  recheck interval comes down to ``RECHECK_MS`` too.
 - ``PDSERVE_NIXL_PROGRESS_DELAY_US``: NIXL's Python agent hard-codes its progress
   thread's poll timeout (``pthrDelay``) to 0, so that thread busy-polls a whole
   core forever. A timeout makes it wait on UCX's event descriptor instead.
@@ -31,6 +40,8 @@ import types
 from collections.abc import Callable
 
 Patch = Callable[[types.ModuleType], None]
+# How often a sleeping vLLM worker rechecks its queue when a wake-up was lost (vLLM: 5000).
+RECHECK_MS = 50
 
 
 def _parse_cpus(text: str) -> set[int]:
@@ -45,6 +56,23 @@ def _keep_model_thread_cores(module: types.ModuleType) -> None:
     platform = getattr(module, "CpuPlatform", None)
     if platform is not None and hasattr(platform, "discover_numa_topology"):
         platform.discover_numa_topology = classmethod(lambda cls: [])
+
+
+def _idle_spin(seconds: float) -> Patch:
+    def patch(module: types.ModuleType) -> None:
+        condition = getattr(module, "SpinCondition", None)
+        if condition is None:
+            return
+        real_init = condition.__init__
+
+        def init_with_spin(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            kwargs["busy_loop_s"] = seconds
+            real_init(self, *args, **kwargs)
+
+        condition.__init__ = init_with_spin
+        module.SHM_READER_RECHECK_INTERVAL_MS = RECHECK_MS
+
+    return patch
 
 
 def _nixl_progress_delay(delay_us: int) -> Patch:
@@ -97,6 +125,9 @@ def _install(environ: os._Environ[str] | dict[str, str]) -> None:
     patches: dict[str, Patch] = {}
     if environ.get("PDSERVE_KEEP_MODEL_THREAD_CORES") == "1":
         patches["vllm.platforms.cpu"] = _keep_model_thread_cores
+    spin = environ.get("PDSERVE_ENGINE_IDLE_SPIN_S")
+    if spin:
+        patches["vllm.distributed.device_communicators.shm_broadcast"] = _idle_spin(float(spin))
     delay = environ.get("PDSERVE_NIXL_PROGRESS_DELAY_US")
     if delay:
         # nixl's package injects its CUDA-flavoured build as ``nixl._api``.

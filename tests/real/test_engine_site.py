@@ -58,3 +58,19 @@ def test_nixl_progress_thread_waits_instead_of_busy_polling():
     # UCX's event descriptor with a 1 ms timeout measured 2-4% here.
     assert waiting < 25, (busy, waiting)
     assert busy > 2 * waiting, (busy, waiting)
+
+
+SPIN_SECONDS = """
+import tempfile, zmq
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+address = "ipc://" + tempfile.mktemp()
+import vllm.distributed.device_communicators.shm_broadcast as queue
+spin = SpinCondition(is_reader=True, context=zmq.Context(), notify_address=address).busy_loop_s
+print(spin, queue.SHM_READER_RECHECK_INTERVAL_MS)
+"""
+
+
+def test_vllm_workers_sleep_between_steps_instead_of_spinning():
+    assert run_in_engine_interpreter(SPIN_SECONDS) == "1 5000"  # vLLM 0.32's own
+    spin = run_in_engine_interpreter(SPIN_SECONDS, PDSERVE_ENGINE_IDLE_SPIN_S="0.02")
+    assert spin == "0.02 50"

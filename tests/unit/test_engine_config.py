@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from agent.engine_spec import ENGINE_SITE_DIR, EngineSpec
+from agent.engine_spec import CPU_IDLE_SPIN_S, ENGINE_SITE_DIR, EngineSpec
 from agent.placement import ExpectedPlacement
 from kvtransfer.transport import NixlTransport
 
@@ -82,7 +82,10 @@ def test_kv_events_endpoint_becomes_vllm_config():
     }
 
 
-@pytest.mark.parametrize("kwargs", [{"port": 0}, {"kv_cache_gib": 0}, {"block_size": 100}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"port": 0}, {"kv_cache_gib": 0}, {"block_size": 100}, {"idle_spin_s": -1}],
+)
 def test_engine_spec_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         spec(**kwargs)
@@ -96,6 +99,7 @@ def test_cpu_pd_engine_gets_the_start_up_fixes():
     assert env["PDSERVE_ENGINE_CPUS"] == "0"
     assert env["PDSERVE_KEEP_MODEL_THREAD_CORES"] == "1"
     assert env["PDSERVE_NIXL_PROGRESS_DELAY_US"] == "2000"
+    assert env["PDSERVE_ENGINE_IDLE_SPIN_S"] == str(CPU_IDLE_SPIN_S)
     assert s.expected_placement() == ExpectedPlacement(cpus=frozenset({0}), model_thread_cpu=0)
 
 
@@ -107,6 +111,8 @@ def test_colocated_and_sim_engines_get_only_what_applies():
     assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in transport(progress_delay_us=0).env()
     assert "PDSERVE_ENGINE_CPUS" not in spec(cores="0", engine="sim").env({})
     assert spec(cores="0", engine="sim").expected_placement() is None
+    assert "PDSERVE_ENGINE_IDLE_SPIN_S" not in spec(device="cuda").env({})
+    assert spec(device="cuda", idle_spin_s=0.5).env({})["PDSERVE_ENGINE_IDLE_SPIN_S"] == "0.5"
     assert spec(device="cuda", cores="2").expected_placement() == ExpectedPlacement(
         cuda_visible_devices="2"
     )
