@@ -105,7 +105,8 @@ class EngineSpec:
         return max_position_embeddings(Path(self.model_path))
 
     def kv_events_subscribe_endpoint(self) -> str | None:
-        """The engine binds ``tcp://*:PORT``; subscribers connect to its host."""
+        """The engine binds its endpoint (``tcp://*:PORT``: every interface); the router
+        connects to it on the engine's host."""
         if not self.kv_events_endpoint:
             return None
         return self.kv_events_endpoint.replace("*", self.host).replace("0.0.0.0", self.host)
@@ -163,7 +164,7 @@ class EngineSpec:
         if self.block_size:
             args += ["--block-size", str(self.block_size)]
         if self.kv_events_endpoint:
-            args += ["--kv-events-endpoint", self.kv_events_endpoint]
+            args += ["--kv-events-endpoint", self.kv_events_endpoint, "--kv-events-bind"]
         return [*args, "--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
 
     def expected_placement(self) -> ExpectedPlacement | None:
@@ -204,6 +205,9 @@ class EngineSpec:
                 env["CUDA_VISIBLE_DEVICES"] = self.cores
             if self.idle_spin_s is not None:
                 env["PDSERVE_ENGINE_IDLE_SPIN_S"] = str(self.idle_spin_s)
+        if self.kv_events_endpoint:
+            # The engine binds the endpoint as named (loopback), not only a wildcard.
+            env["PDSERVE_KV_EVENTS_BIND"] = "1"
         if self.transport:
             env.update(self.transport.env())
         return env

@@ -151,7 +151,8 @@ class LocalCluster:
         if p.block_size:
             argv += ["--block-size", str(p.block_size)]
         if p.kv_events:
-            argv += ["--kv-events-endpoint", f"tcp://*:{w.kv_events_port}"]
+            # The events carry prompt token ids: published on loopback only.
+            argv += ["--kv-events-endpoint", f"tcp://127.0.0.1:{w.kv_events_port}"]
         if w.role != "colocated":
             argv += ["--side-channel-port", str(w.side_channel_port),
                      "--kv-lease-s", str(p.kv_lease_s)]  # fmt: skip

@@ -66,8 +66,8 @@ class RouterSettings(BaseModel):
     kv_lease_guard: bool = Field(
         True,
         description="Fail a streamed decode whose first token misses the KV lease, since "
-        "vLLM may then read reused blocks. Off only where decodes routinely start late "
-        "(a starved test box), so that slow is not mistaken for broken.",
+        "vLLM may then read reused blocks. On in every shipped configuration and in the "
+        "tests; off only to diagnose a box where decodes routinely start late.",
     )
     heartbeat_timeout_s: float = Field(
         10.0, gt=0, description="A worker silent this long is out of rotation."

@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ZMQ endpoint for KV events (tcp://*:PORT binds; +1 per extra sim)",
     )
+    parser.add_argument(
+        "--kv-events-bind",
+        action="store_true",
+        help="bind the endpoint even with a named host (where vLLM would connect)",
+    )
     parser.add_argument("--faults", default="{}", help='start with faults, e.g. {"slowdown": 2}')
     parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
 
@@ -71,7 +76,8 @@ def main(args: argparse.Namespace) -> int:
             host=args.host, port=args.port + index, profile=profile, seed=args.seed,
             kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
             kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
-            faults=faults, admin_token=admin_token, hash_algo=args.prefix_caching_hash_algo,
+            kv_events_bind=args.kv_events_bind, faults=faults, admin_token=admin_token,
+            hash_algo=args.prefix_caching_hash_algo,
         )
         for index in range(args.count)
     ]  # fmt: skip

@@ -39,12 +39,19 @@ def encode_batch(events: list[KVEvent], ts: float) -> bytes:
 
 
 class KVEventPublisher:
-    def __init__(self, endpoint: str, *, topic: str = "", high_water_mark: int = 100_000) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        bind: bool = False,
+        topic: str = "",
+        high_water_mark: int = 100_000,
+    ) -> None:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUB)
         self._socket.set_hwm(high_water_mark)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if wire.binds(endpoint):
+        if bind or wire.binds(endpoint):
             self._socket.bind(endpoint)
         else:
             self._socket.connect(endpoint)

@@ -53,6 +53,7 @@ class SimConfig:
     hash_algo: str = "sha256"
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     kv_events_endpoint: str | None = None
+    kv_events_bind: bool = False  # bind a named host too (pdserve's agents ask for it)
     faults: SimFaults = field(default_factory=SimFaults)
     # Bearer token for /sim/faults; agents pass theirs down. None: loopback trust.
     admin_token: str | None = None
@@ -103,7 +104,9 @@ class SimServer:
     async def _start(self, _: web.Application) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         if self.config.kv_events_endpoint:
-            self._publisher = KVEventPublisher(self.config.kv_events_endpoint)
+            self._publisher = KVEventPublisher(
+                self.config.kv_events_endpoint, bind=self.config.kv_events_bind
+            )
             self.engine.publish_events = self._publish_events
         self._engine_task = asyncio.create_task(self.engine.run())
 

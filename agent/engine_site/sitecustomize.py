@@ -23,6 +23,10 @@ docs/pd-on-cpu.md.
   socket whose wake-up can be lost (a PUB with a high-water mark of 1), and then
   rechecks only every 5 s: with a short spin that 5 s stall became common, so the
   recheck interval comes down to ``RECHECK_MS`` too.
+- ``PDSERVE_KV_EVENTS_BIND=1``: vLLM binds its KV-events PUB socket only for a
+  wildcard endpoint (``tcp://*:PORT``, every interface) and connects to a named
+  host. The events carry prompt token ids, so the agent names its own host (loopback
+  by default) and has vLLM bind exactly that; the router connects.
 - ``PDSERVE_NIXL_PROGRESS_DELAY_US``: NIXL's Python agent hard-codes its progress
   thread's poll timeout (``pthrDelay``) to 0, so that thread busy-polls a whole
   core forever. A timeout makes it wait on UCX's event descriptor instead.
@@ -75,6 +79,12 @@ def _idle_spin(seconds: float) -> Patch:
     return patch
 
 
+def _bind_kv_events(module: types.ModuleType) -> None:
+    publisher = getattr(module, "ZmqEventPublisher", None)
+    if publisher is not None and hasattr(publisher, "_is_bind_endpoint"):
+        publisher._is_bind_endpoint = staticmethod(lambda endpoint: True)
+
+
 def _nixl_progress_delay(delay_us: int) -> Patch:
     def patch(module: types.ModuleType) -> None:
         bindings = getattr(module, "nixlBind", None)
@@ -125,6 +135,8 @@ def _install(environ: os._Environ[str] | dict[str, str]) -> None:
     patches: dict[str, Patch] = {}
     if environ.get("PDSERVE_KEEP_MODEL_THREAD_CORES") == "1":
         patches["vllm.platforms.cpu"] = _keep_model_thread_cores
+    if environ.get("PDSERVE_KV_EVENTS_BIND") == "1":
+        patches["vllm.distributed.kv_events"] = _bind_kv_events
     spin = environ.get("PDSERVE_ENGINE_IDLE_SPIN_S")
     if spin:
         patches["vllm.distributed.device_communicators.shm_broadcast"] = _idle_spin(float(spin))
