@@ -7,7 +7,11 @@ match. vLLM's rules (``entrypoints/openai``):
 - chat: the template is rendered with ``add_generation_prompt=True`` and the
   tokenizer's special tokens as variables, then encoded with ``add_special_tokens=False``
   (the template writes its own specials);
-- a prompt given as token ids is used as is.
+- a prompt given as token ids is used as is;
+- message content given as parts (``[{"type": "text", "text": ...}]``) reaches the
+  template as vLLM passes it: joined with newlines into one string, unless the
+  template itself loops over ``message.content`` (vLLM's "openai" content format);
+- a ``developer`` message becomes ``system`` when the template never names that role.
 
 ``tokenizers`` and ``jinja2`` only (no ``transformers``): light enough for one
 shared, cached instance per model folder in a router or among hundreds of sims.
@@ -19,8 +23,9 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import jinja2.nodes
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
@@ -39,6 +44,9 @@ class ModelTokenizer:
     # The longest token's text: a prompt of more characters than this x N tokens has
     # more than N tokens, known without tokenizing it (vLLM's pre-check, too).
     max_chars_per_token: int
+    # How the template wants message content given as parts (see the module docstring).
+    content_format: Literal["string", "openai"] = "string"
+    knows_developer_role: bool = False
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -51,9 +59,28 @@ class ModelTokenizer:
             raise PromptError("this model has no chat template; use /v1/completions")
         if not isinstance(messages, list) or not messages:
             raise PromptError("messages must be a non-empty list")
+        conversation = [self._as_vllm_passes_it(m) for m in messages]
+        if not self.knows_developer_role and any(
+            m.get("role") == "developer" for m in conversation
+        ):
+            conversation = _developer_as_system(conversation)
         return self.chat_template.render(
-            messages=messages, add_generation_prompt=True, **self.template_variables
+            messages=conversation, add_generation_prompt=True, **self.template_variables
         )
+
+    def _as_vllm_passes_it(self, message: Any) -> dict[str, Any]:
+        if not isinstance(message, dict):
+            raise PromptError("each message must be an object")
+        message = dict(message)
+        parts = message.get("content")
+        if isinstance(parts, list):
+            texts = [_part_text(part) for part in parts]
+            message["content"] = (
+                "\n".join(texts)
+                if self.content_format == "string"
+                else [{"type": "text", "text": text} for text in texts]
+            )
+        return message
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.encode(self.render_chat(messages), add_special_tokens=False)
@@ -73,6 +100,51 @@ class ModelTokenizer:
         if chat:
             return self.chat_ids(body.get("messages"))  # type: ignore[arg-type]
         return self.completion_ids(body.get("prompt"))
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's rewrite for templates without a developer role: developer messages become
+    system ones, and several system messages merge into one at the front."""
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"}
+        if m.get("role") == "developer" else m
+        for m in conversation
+    ]  # fmt: skip
+    system = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if system == [0] or not system:
+        return converted
+    texts = [converted[i].get("content") for i in system]
+    merged = {
+        "role": "system",
+        "content": "\n\n".join(t for t in texts if isinstance(t, str) and t),
+    }
+    return [merged, *(m for m in converted if m.get("role") != "system")]
+
+
+def _part_text(part: Any) -> str:
+    if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+        raise PromptError("a content part must be an object with a string 'text'")
+    if part.get("type") not in ("text", "input_text"):
+        raise PromptError(f"content parts of type {part.get('type')!r} need a multimodal model")
+    return part["text"]
+
+
+def content_format(template: jinja2.nodes.Template) -> Literal["string", "openai"]:
+    """vLLM's detection, simplified: "openai" when some loop iterates ``x.content`` or
+    ``x['content']``, i.e. the template walks content parts itself."""
+    for loop in template.find_all(jinja2.nodes.For):
+        target = loop.iter
+        while isinstance(target, jinja2.nodes.Filter | jinja2.nodes.Test) and target.node:
+            target = target.node
+        if isinstance(target, jinja2.nodes.Getattr) and target.attr == "content":
+            return "openai"
+        if (
+            isinstance(target, jinja2.nodes.Getitem)
+            and isinstance(target.arg, jinja2.nodes.Const)
+            and target.arg.value == "content"
+        ):
+            return "openai"
+    return "string"
 
 
 @cache
@@ -96,11 +168,15 @@ def load_tokenizer(model_dir: str) -> ModelTokenizer:
     }
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     special = {i for token, i in vocab.items() if token.startswith("<") and token.endswith(">")}
+    has_template = isinstance(template, str)
     return ModelTokenizer(
         tokenizer=tokenizer,
-        chat_template=environment.from_string(template) if isinstance(template, str) else None,
+        chat_template=environment.from_string(template) if has_template else None,
         template_variables=variables,
         special_ids=frozenset(special),
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=False),
         max_chars_per_token=max(map(len, vocab), default=1),
+        content_format=content_format(environment.parse(template)) if has_template else "string",
+        knows_developer_role=has_template
+        and ("'developer'" in template or '"developer"' in template),
     )

@@ -117,8 +117,13 @@ def test_streamed_chat_has_openai_chunks_usage_and_done(engines: Engines):
         {"prompt": "Tokenize me, the way the router would. Twice: tokenize me!"},
         {"messages": [{"role": "system", "content": "Be brief."},
                       {"role": "user", "content": "What is a KV cache?"}]},
+        {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is"}, {"type": "text", "text": "a KV cache?"}]}]},
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Hi."},
+                      {"role": "developer", "content": "Answer in French."}]},
     ],
-    ids=["completion", "chat"],
+    ids=["completion", "chat", "chat-content-parts", "chat-developer-role"],
 )  # fmt: skip
 def test_tokenize_equals_the_routers_own_tokenizer(engines: Engines, request_body: dict):
     answer = post(engines.colocated_url + "/tokenize", {"model": COLOCATED_MODEL, **request_body})
