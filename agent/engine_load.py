@@ -14,7 +14,9 @@ _GAUGES = {
 
 
 def parse_load(metrics_text: str) -> WorkerLoad:
-    """Sum vLLM's load gauges and prefix-cache counters over engines (DP ranks are labels).
+    """vLLM's load gauges and prefix-cache counters over its engines (DP ranks are labels):
+    requests and counters add up; KV usage is the fullest rank's, a fraction that a sum
+    would push past 1.
 
     A line scan, not a full Prometheus parse: vLLM's exposition is hundreds of
     lines and this runs every heartbeat.
@@ -28,7 +30,11 @@ def parse_load(metrics_text: str) -> WorkerLoad:
         if field is None:
             continue
         try:
-            values[field] += float(rest.rsplit(" ", 1)[1])
+            value = float(rest.rsplit(" ", 1)[1])
         except (IndexError, ValueError):
             continue
+        if field == "kv_cache_usage_perc":
+            values[field] = max(values[field], value)
+        else:
+            values[field] += value
     return WorkerLoad(**values)

@@ -85,9 +85,12 @@ class RouterReporter:
         assert self._session is not None
         try:
             async with self._session.get(f"{self._engine_url}/metrics") as response:
-                return parse_load(await response.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return WorkerLoad()
+                if response.status == 200:
+                    return parse_load(await response.text())
+                log.warning("engine /metrics answered %d: load unknown", response.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            log.warning("engine /metrics unreadable (%s): load unknown", type(error).__name__)
+        return WorkerLoad(known=False)
 
     async def _post(self, path: str, payload: dict) -> int | None:
         assert self._session is not None
@@ -103,4 +106,4 @@ class RouterReporter:
 
     async def engine_idle(self) -> bool:
         load = await self._scrape_load()
-        return load.num_requests_running + load.num_requests_waiting == 0
+        return load.known and load.num_requests_running + load.num_requests_waiting == 0

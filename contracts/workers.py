@@ -10,7 +10,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import NewType
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.block_hashing import HASH_FUNCTIONS
 
 WIRE_VERSION = 1
 
@@ -37,6 +39,9 @@ class WorkerLoad(BaseModel):
     # against its own predictions.
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    # False when the agent could not read the engine's /metrics: the zeros above are
+    # then not "idle", and the router prefers any worker whose load it knows.
+    known: bool = True
 
 
 class WorkerRegistration(BaseModel):
@@ -61,6 +66,17 @@ class WorkerRegistration(BaseModel):
     # Prompt plus output tokens the engine accepts (vLLM's --max-model-len).
     max_model_len: int | None = Field(default=None, ge=1)
     engine_pid: int | None = None
+
+    @field_validator("prefix_caching_hash_algo")
+    @classmethod
+    def _hashable_by_the_router(cls, name: str) -> str:
+        # Accepting an algorithm the router cannot compute would fail every request
+        # of the pool later; refusing the registration names the problem now.
+        if name not in HASH_FUNCTIONS:
+            raise ValueError(f"unsupported prefix_caching_hash_algo {name!r}; "
+                             f"supported: {sorted(HASH_FUNCTIONS)}")  # fmt: skip
+        return name
+
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.
     incarnation: int = 0

@@ -147,6 +147,9 @@ class Pipeline:
                         key=lambda w: w.worker_id)  # fmt: skip
         if not usable:
             return None
+        # A worker whose load its agent could not read looks idle; use it only when no
+        # worker's load is known.
+        usable = [w for w in usable if w.load.known] or usable
         turn = self._cursor.get(pool_key, 0)
         self._cursor[pool_key] = turn + 1
         candidates = [self._candidate(w, query, inflight(w.worker_id)) for w in usable]

@@ -110,3 +110,13 @@ def test_deregistering_takes_a_worker_and_its_model_away(router):
     assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 200
     assert "retired" not in {m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]}
     assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 404
+
+
+def test_a_registration_the_router_cannot_route_is_refused_with_400(router):
+    worker = {"worker_id": "p-xx", "role": "prefill", "model": "xx-model",
+              "engine_url": dead_url(), "prefix_caching_hash_algo": "xxhash"}  # fmt: skip
+    answer = router.admin("POST", "/admin/workers/register", worker)
+    assert answer.status_code == 400
+    assert "prefix_caching_hash_algo" in answer.json()["error"]["message"]
+    workers = router.admin("GET", "/admin/workers").json()["workers"]
+    assert "p-xx" not in {w["worker_id"] for w in workers}

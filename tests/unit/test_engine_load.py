@@ -11,11 +11,12 @@ vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.5
 """
 
 
-def test_parse_load_sums_engines_and_ignores_other_series():
+def test_parse_load_sums_requests_and_takes_the_fullest_ranks_kv_usage():
     load = parse_load(VLLM_METRICS)
     assert load.num_requests_running == 3.0
     assert load.num_requests_waiting == 7.0
-    assert load.kv_cache_usage_perc == 0.75
+    assert load.kv_cache_usage_perc == 0.5  # a fraction: a sum over ranks could pass 1
+    assert load.known
 
 
 def test_parse_load_of_garbage_is_zero():

@@ -12,11 +12,12 @@ from router.settings import RouterSettings
 BLOCK = 16
 
 
-def worker(worker_id: str, kv_usage: float = 0.0) -> WorkerState:
+def worker(worker_id: str, kv_usage: float = 0.0, known: bool = True) -> WorkerState:
     registration = WorkerRegistration(
         worker_id=worker_id, role=WorkerRole.PREFILL, model="m", engine_url="http://e"
     )
-    return WorkerState(registration, 0.0, load=WorkerLoad(kv_cache_usage_perc=kv_usage))
+    load = WorkerLoad(kv_cache_usage_perc=kv_usage, known=known)
+    return WorkerState(registration, 0.0, load=load)
 
 
 def affinity(epsilon: float = 0.25) -> Pipeline:
@@ -124,3 +125,14 @@ def test_bad_scorers_and_policies_are_refused_whole():
         RouterSettings(routing_policy="random")
     assert RouterSettings(routing_policy_by_model="a=round_robin, b=least_loaded")\
         .routing_policies() == {"a": "round_robin", "b": "least_loaded"}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["prefix_affinity", "least_loaded", "round_robin"])
+def test_a_worker_whose_load_is_unknown_is_used_only_when_no_load_is_known(policy):
+    pipeline = Pipeline(policy, parse_weights("uncached_tokens=1"), 0.25)
+    blind = worker("a", known=False)  # its zeros look idle, and it holds the prefix
+    busy = worker("b", kv_usage=0.9)
+    for _ in range(4):
+        decision = pick(pipeline, [blind, busy], {"a": 8}, loads={"b": InFlight(requests=5)})
+        assert decision.worker.worker_id == "b"
+    assert pick(pipeline, [blind], {}).worker.worker_id == "a"
