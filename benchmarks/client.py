@@ -4,7 +4,9 @@
 - ITL: the gaps between consecutive content chunks;
 - TPOT: (end-to-end - TTFT) / (output tokens - 1), for requests with 2+ tokens;
 - output tokens: the server's ``usage.completion_tokens`` (``include_usage`` is
-  always asked for), else the number of content chunks.
+  always asked for), else the number of content chunks;
+- a 200 stream that ends without ``data: [DONE]`` failed (kind ``truncated``): its
+  text may be cut short, and an OpenAI client would see it as an error.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ async def stream_request(
     result = RequestResult(started_s=time.perf_counter())
     last_s = result.started_s
     chunks = 0
+    done = False
     try:
         async with session.post(url, json=body, headers=headers) as response:
             result.status = response.status
@@ -62,6 +65,7 @@ async def stream_request(
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
+                    done = True
                     break
                 payload = json.loads(data)
                 if event == "error" or "error" in payload:
@@ -79,6 +83,8 @@ async def stream_request(
                 if usage:
                     result.output_tokens = usage.get("completion_tokens", 0)
                     result.prompt_tokens = usage.get("prompt_tokens")
+        if not done and result.error is None:
+            result.error = "truncated: the stream ended without data: [DONE]"
     except (aiohttp.ClientError, TimeoutError) as error:
         result.error = f"{type(error).__name__}: {error}"
     result.e2e_s = time.perf_counter() - result.started_s

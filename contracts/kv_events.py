@@ -114,11 +114,11 @@ def _from_wire(raw: Any) -> WireEvent | None:
 def decode_batch(payload: bytes) -> EventBatch:
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        ts, raw_events = raw[0], raw[1]
+        ts, raw_events = float(raw[0]), raw[1]
         events = tuple(e for e in map(_from_wire, raw_events) if e is not None)
     except (ValueError, KeyError, IndexError, TypeError, msgpack.UnpackException) as error:
         raise MalformedEvents(f"not a KV event batch: {error}") from None
-    return EventBatch(ts=float(ts), events=events)
+    return EventBatch(ts=ts, events=events)
 
 
 def sequence_number(frame: bytes) -> int:

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from contracts.workers import WorkerHeartbeat, WorkerRegistration
+from router.background import keep_running
 from router.errors import (
     APIError,
     ClientDisconnected,
@@ -61,8 +62,9 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await upstream.start()
-        prober = asyncio.create_task(
-            probe_engines_forever(
+
+        def probe() -> Awaitable[None]:
+            return probe_engines_forever(
                 registry,
                 lambda: upstream.session,
                 interval_s=settings.health_interval_s,
@@ -71,8 +73,15 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
                 clock=clock,
                 on_forgotten=selector.on_gone,
             )
+
+        def expire() -> Awaitable[None]:
+            return _expire_forever(selector, settings.prefix_expire_interval_s)
+
+        crashed = metrics.background_restarts.labels
+        prober, sweeper = (
+            asyncio.create_task(keep_running(name, loop, on_crash=lambda n: crashed(n).inc()))
+            for name, loop in (("health_probe", probe), ("prefix_expiry", expire))
         )
-        sweeper = asyncio.create_task(_expire_forever(selector, settings.prefix_expire_interval_s))
         try:
             yield
         finally:

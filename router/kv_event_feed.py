@@ -31,6 +31,7 @@ from contracts.kv_events import (
     decode_batch,
     sequence_number,
 )
+from router.background import keep_running
 from router.prefix_index import PrefixIndex
 
 log = logging.getLogger("pdserve.router")
@@ -73,7 +74,10 @@ class KVEventFeed:
             return
         self.unwatch(worker_id)
         feed = self._feeds[worker_id] = FeedState(endpoint=endpoint, incarnation=incarnation)
-        feed.task = asyncio.get_running_loop().create_task(self._follow(worker_id, feed))
+        feed.task = asyncio.get_running_loop().create_task(
+            keep_running(f"kv_events:{worker_id}", lambda: self._follow(worker_id, feed),
+                         on_crash=lambda _: self._crashed(worker_id, feed))
+        )  # fmt: skip
 
     def unwatch(self, worker_id: str) -> None:
         feed = self._feeds.pop(worker_id, None)
@@ -106,6 +110,14 @@ class KVEventFeed:
                 self._apply(worker_id, feed, frames)
         finally:
             socket.close(linger=0)
+
+    def _crashed(self, worker_id: str, feed: FeedState) -> None:
+        """What the crash may have lost is unknown: start the worker's index over, and
+        let the approximate index stand in while events flow again."""
+        self._index.clear_worker(worker_id)
+        feed.last_sequence = None
+        feed.not_live_until_s = self._clock() + self._fallback_s
+        self._on_event(worker_id, "crash")
 
     def _apply(self, worker_id: str, feed: FeedState, frames: list[bytes]) -> None:
         if len(frames) != 3:

@@ -73,6 +73,13 @@ class RouterMetrics:
             ["model"],
             registry=r,
         )
+        self.background_restarts = Counter(
+            "pdserve_background_task_restarts",
+            "Router background loops restarted after a crash (KV event feeds count in "
+            'pdserve_kv_event_batches_total{kind="crash"})',
+            ["task"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "pdserve_stream_errors", "Streams ended by an SSE error event", ["model"], registry=r
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from contracts.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, encode_batch
@@ -124,7 +125,9 @@ def test_malformed_batches_are_counted_and_ignored(feed):
     feed, index, state, _, seen = feed
     feed._apply("w0", state, [b"", (0).to_bytes(8, "big"), b"\xc1not msgpack"])
     feed._apply("w0", state, [b"only one frame"])
-    assert seen == ["malformed", "malformed"]
+    bad_timestamp = msgpack.packb(["yesterday", []])
+    feed._apply("w0", state, [b"", (1).to_bytes(8, "big"), bad_timestamp])
+    assert seen == ["malformed", "malformed", "malformed"]
     assert len(index) == 0
 
 
