@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +99,12 @@ def mooncake_prompts(
     tokenizer: ModelTokenizer, path: Path, *, limit: int, speed: float, length_scale: float,
     output_scale: float = 1.0, max_input_tokens: int | None = None,
 ) -> list[BenchRequest]:  # fmt: skip
+    dropped: list[int] = []
     trace = read_trace(path, speed=speed, length_scale=length_scale, limit=limit,
-                       max_input_tokens=max_input_tokens)  # fmt: skip
+                       max_input_tokens=max_input_tokens, on_dropped=dropped.append)  # fmt: skip
+    if dropped:
+        print(f"mooncake: left out {len(dropped)} requests over {max_input_tokens} input tokens",
+              file=sys.stderr)  # fmt: skip
     blocks = BlockText(tokenizer, block_tokens=max(1, int(TRACE_BLOCK_TOKENS / length_scale)))
     return [
         BenchRequest(

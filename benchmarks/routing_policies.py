@@ -245,8 +245,12 @@ def main() -> int:
     args = parser.parse_args()
 
     tokenizer = load_tokenizer(str(tiny_llama.ensure()))
+    dropped: list[int] = []
     trace = read_trace(args.trace, speed=args.speed, length_scale=args.length_scale,
-                       limit=args.requests, max_input_tokens=args.max_input_tokens)  # fmt: skip
+                       limit=args.requests, max_input_tokens=args.max_input_tokens,
+                       on_dropped=dropped.append)  # fmt: skip
+    print(f"left out {len(dropped)} requests over {args.max_input_tokens} input tokens "
+          "(after scaling); the first N counts the rest", flush=True)  # fmt: skip
     blocks = BlockText(tokenizer, block_tokens=int(TRACE_BLOCK_TOKENS / args.length_scale))
     prompts = [blocks.prompt(request) for request in trace]
     token_ids = [tokenizer.completion_ids(p) for p in prompts]
@@ -278,6 +282,9 @@ def main() -> int:
         "command": "python -m benchmarks.routing_policies " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
         "oracle_hit_rate": oracle,
+        # Requests over --max-input-tokens are left out of the trace (and of N).
+        "max_input_tokens": args.max_input_tokens,
+        "dropped_over_max_input_tokens": len(dropped),
         "ttft_slo_ms": args.ttft_slo_ms,
         "offered_rps": len(trace) / max(span_s, 1e-9),
         "sim_profile": json.loads(profile.read_text()),

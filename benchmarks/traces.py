@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,15 +40,19 @@ class TraceRequest:
 
 def read_trace(
     path: Path, *, speed: float = 1.0, length_scale: float = 1.0, limit: int | None = None,
-    max_input_tokens: int | None = None,
+    max_input_tokens: int | None = None, on_dropped: Callable[[int], None] | None = None,
 ) -> list[TraceRequest]:  # fmt: skip
-    """The trace's requests, scaled; ``max_input_tokens`` (after scaling) drops longer ones."""
+    """The trace's requests, scaled; ``max_input_tokens`` (after scaling) drops longer ones,
+    and ``on_dropped`` hears each dropped request's input length, so reports can count them.
+    Dropped requests do not count towards ``limit``."""
     requests: list[TraceRequest] = []
     with path.open() as lines:
         for line in lines:
             raw = json.loads(line)
             input_tokens = max(1, round(raw["input_length"] / length_scale))
             if max_input_tokens is not None and input_tokens > max_input_tokens:
+                if on_dropped is not None:
+                    on_dropped(input_tokens)
                 continue
             requests.append(TraceRequest(
                 send_at_s=raw["timestamp"] / 1000 / speed,

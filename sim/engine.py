@@ -48,6 +48,8 @@ class Lease:
     blocks: list[Block]
     num_tokens: int
     expires_s: float
+    # The prompt's full-block hashes: what a consumer checks the KV belongs to its prompt by.
+    prompt_hashes: tuple[BlockHash, ...] = ()
 
 
 @dataclass(slots=True)
@@ -93,10 +95,12 @@ class SimEngine:
     def __repr__(self) -> str:
         return f"SimEngine(running={len(self.running)}, waiting={len(self.waiting)})"
 
+    def prompt_hashes(self, prompt_token_ids: list[int]) -> list[BlockHash]:
+        """The prompt's full-block hashes, as this engine's prefix cache computes them."""
+        return block_hashes(prompt_token_ids, self.pool.block_size, self._hash_fn, self._root_hash)
+
     def add(self, request: SimRequest) -> None:
-        request.hashes = block_hashes(
-            request.prompt_token_ids, self.pool.block_size, self._hash_fn, self._root_hash
-        )
+        request.hashes = self.prompt_hashes(request.prompt_token_ids)
         self.waiting.append(request)
         self._wakeup.set()
 
@@ -107,14 +111,14 @@ class SimEngine:
             self.running.remove(request)
         self._finish(request, "abort")
 
-    def release_lease(self, request_id: str) -> int | None:
+    def release_lease(self, request_id: str) -> Lease | None:
         """A consumer pulled the KV: free it. None if unknown or expired."""
         self._reap_leases()
         lease = self.leases.pop(request_id, None)
         if lease is None:
             return None
         self.pool.free(lease.blocks)
-        return lease.num_tokens
+        return lease
 
     async def run(self) -> None:
         while True:
@@ -248,6 +252,7 @@ class SimEngine:
                 blocks=request.blocks,
                 num_tokens=len(request.prompt_token_ids),
                 expires_s=self._clock() + self._lease_s,
+                prompt_hashes=tuple(request.hashes),
             )
             request.blocks = []
         else:

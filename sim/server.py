@@ -194,10 +194,13 @@ class SimServer:
 
     async def kv_pull(self, request: web.Request) -> web.Response:
         body = await request.json()
-        num_tokens = self.engine.release_lease(str(body.get("remote_request_id")))
-        if num_tokens is None:
+        lease = self.engine.release_lease(str(body.get("remote_request_id")))
+        if lease is None:
             return _error(404, "no KV held for this request: unknown or its lease expired")
-        return web.json_response({"num_tokens": num_tokens})
+        return web.json_response({
+            "num_tokens": lease.num_tokens,
+            "block_hashes": [h.hex() for h in lease.prompt_hashes],
+        })  # fmt: skip
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -234,7 +237,7 @@ class SimServer:
             request.hold_kv = True
             request.output_token_ids = request.output_token_ids[:1]
         if kv_params.get("do_remote_prefill") and self.config.role == "kv_consumer":
-            failure = await self._pull(kv_params, len(prompt_ids))
+            failure = await self._pull(kv_params, prompt_ids)
             if failure:
                 return _error(500, failure, "InternalServerError")
             request.kv_pulled = True
@@ -248,8 +251,12 @@ class SimServer:
             if request.finish_reason is None:
                 self.engine.abort(request)  # the client left: free the slot and blocks
 
-    async def _pull(self, params: dict[str, Any], prompt_tokens: int) -> str | None:
-        """Fetch the prompt's KV from the producer; an error message on failure."""
+    async def _pull(self, params: dict[str, Any], prompt_ids: list[int]) -> str | None:
+        """Fetch the prompt's KV from the producer; an error message on failure.
+
+        The blocks must be this prompt's: a router that hands a decode another
+        request's handoff gets a failed request here, as it would get wrong text
+        from a real engine."""
         assert self._session is not None
         if random.random() < self.faults.transfer_failure_probability:
             return "KV transfer failed: injected fault"
@@ -259,9 +266,13 @@ class SimServer:
             async with self._session.post(url, json=params) as response:
                 if response.status != 200:
                     return f"KV transfer failed: producer answered {response.status}"
+                held = await response.json()
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             return f"KV transfer failed: producer unreachable ({type(error).__name__})"
-        transfer_s = self.config.profile.transfer_s(prompt_tokens)
+        ours = [h.hex() for h in self.engine.prompt_hashes(prompt_ids)]
+        if held.get("num_tokens") != len(prompt_ids) or held.get("block_hashes") != ours:
+            return "KV transfer failed: the producer's blocks are another prompt's"
+        transfer_s = self.config.profile.transfer_s(len(prompt_ids))
         await asyncio.sleep(max(0.0, transfer_s - (time.monotonic() - started)))
         self.metrics.on_transfer(transfer_s)
         return None

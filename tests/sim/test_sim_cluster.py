@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from benchmarks.prometheus_text import scrape, total
+from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
@@ -207,3 +208,25 @@ def test_a_prompt_beyond_the_context_window_is_refused_before_any_worker_sees_it
     fits = {"model": MODEL, "prompt": [7] * (window - 10), "max_tokens": 50, "ignore_eos": True}
     result = generate(sim_cluster.router_url, "/v1/completions", fits)
     assert result.status == 200 and result.body["usage"]["completion_tokens"] == 10
+
+
+def test_a_consumer_sim_refuses_kv_that_belongs_to_another_prompt(sim_cluster):
+    """So a router that hands a decode the wrong handoff fails the fast tier, where a
+    real vLLM would pull the blocks and generate from the wrong prompt."""
+    producer = sim_cluster.worker("prefill-0").engine_url
+    consumer = sim_cluster.worker("decode-0").engine_url
+
+    def handoff(prompt: str) -> dict:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                "kv_transfer_params": PREFILL_REQUEST_PARAMS}  # fmt: skip
+        return httpx.post(producer + "/v1/completions", json=body, timeout=30).json()[
+            "kv_transfer_params"
+        ]
+
+    prompt = "the prompt whose KV was computed " * 20
+    for decode_prompt, status in ((prompt, 200), ("a different prompt " * 20, 500)):
+        body = {"model": MODEL, "prompt": decode_prompt, "max_tokens": 2,
+                "kv_transfer_params": handoff(prompt)}  # fmt: skip
+        answer = httpx.post(consumer + "/v1/completions", json=body, timeout=30)
+        assert answer.status_code == status, answer.text
+    assert "another prompt's" in answer.json()["error"]["message"]
