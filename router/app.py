@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -28,6 +29,7 @@ from router.errors import (
     RequestTooLarge,
     Unauthorized,
 )
+from router.fan_out import serve_choices, split_choices
 from router.health import probe_engines_forever
 from router.metrics import RouterMetrics
 from router.orchestrator import GenerationCall, Orchestrator
@@ -141,8 +143,17 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
             path=path, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
             requested_model=parsed.model,
         )  # fmt: skip
+        choices = split_choices(body, chat=call.chat, max_choices=settings.max_choices_per_request)
+        if choices is None:
+            work = orchestrator.serve(call)
+        else:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            work = serve_choices(
+                choices, lambda sub: orchestrator.serve(dataclasses.replace(call, body=sub)),
+                stream=call.stream, include_usage=include_usage,
+            )  # fmt: skip
         try:
-            response = await _unless_disconnected(request, orchestrator.serve(call))
+            response = await _unless_disconnected(request, work)
         except APIError as error:
             metrics.requests.labels(parsed.model, endpoint, str(error.status)).inc()
             raise

@@ -25,7 +25,8 @@ class _GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1, le=1, description="n>1 is not supported across P/D yet")
+    # n > 1 and prompt lists are served one call per choice (router/fan_out.py).
+    n: int = Field(1, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
@@ -38,10 +39,7 @@ class CompletionRequest(_GenerationRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> Any:
-        batched = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
-        if batched and len(prompt) != 1:
-            raise ValueError("send one prompt per request; batch with /v1/batches")
+    def _not_empty(cls, prompt: Any) -> Any:
         if not prompt:
             raise ValueError("prompt must not be empty")
         return prompt

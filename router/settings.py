@@ -34,6 +34,11 @@ class RouterSettings(BaseModel):
     max_tokens_cap: int = Field(
         32768, ge=1, description="Largest max_tokens a client may ask for; beyond it: 400."
     )
+    max_choices_per_request: int = Field(
+        16, ge=1, le=1024,
+        description="Most choices (prompts in a list x n) one request may ask for; each is "
+        "its own prefill and decode. Beyond it: 400.",
+    )  # fmt: skip
     upstream_connect_timeout_s: float = Field(
         3.0, gt=0, description="Connect timeout to a worker engine. Low: fast failover."
     )

@@ -32,7 +32,7 @@ def dead_url() -> str:
         ({**CHAT, "temperature": 5}, "temperature"),
         ({**CHAT, "max_tokens": 0}, "max_tokens"),
         ({**CHAT, "max_tokens": 10**9}, "max_tokens"),
-        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "n": 0}, "n"),
         ({**CHAT, "messages": []}, "messages"),
         ({"messages": CHAT["messages"]}, "model"),
         ({**CHAT, "kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
