@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -30,16 +31,12 @@ class RouterProcess:
         assert self.admin("POST", "/admin/workers/register", worker).status_code == 200
 
 
-@pytest.fixture(scope="session")
-def router() -> Iterator[RouterProcess]:
+@contextlib.contextmanager
+def running_router(**settings: str) -> Iterator[RouterProcess]:
+    """A router process with these PDSERVE_* settings, up until the block ends."""
     (port,) = free_ports(1)
-    env = dict(
-        os.environ,
-        PDSERVE_ADMIN_TOKEN=ADMIN_TOKEN,
-        PDSERVE_MAX_BODY_BYTES="65536",
-        # The router's own probe would take dead test workers out of rotation mid-test.
-        PDSERVE_HEALTH_INTERVAL_S="3600",
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PDSERVE_")}
+    env.update(settings)
     process = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "router", "--port", str(port)],
         env=env,
@@ -62,3 +59,14 @@ def router() -> Iterator[RouterProcess]:
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def router() -> Iterator[RouterProcess]:
+    with running_router(
+        PDSERVE_ADMIN_TOKEN=ADMIN_TOKEN,
+        PDSERVE_MAX_BODY_BYTES="65536",
+        # The router's own probe would take dead test workers out of rotation mid-test.
+        PDSERVE_HEALTH_INTERVAL_S="3600",
+    ) as process:
+        yield process
