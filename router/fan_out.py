@@ -123,11 +123,12 @@ def _merged_whole(payloads: list[dict[str, Any]], choices: Sequence[Choice]) -> 
     return Response(content=json.dumps(merged), media_type="application/json")
 
 
-def _usage(usages: list[dict[str, Any] | None], choices: Sequence[Choice]) -> dict[str, int]:
+def _usage(usages: list[dict[str, Any] | None], choices: Sequence[Choice]) -> dict[str, Any]:
     prompt = sum((u or {}).get("prompt_tokens", 0)
                  for u, c in zip(usages, choices, strict=True) if c.counts_prompt)  # fmt: skip
     completion = sum((u or {}).get("completion_tokens", 0) for u in usages)
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+    # The engine's other usage fields (prompt_tokens_details, ...) as its first answer has them.
+    return {**(usages[0] or {}), "prompt_tokens": prompt, "total_tokens": prompt + completion,
             "completion_tokens": completion}  # fmt: skip
 
 
