@@ -54,7 +54,16 @@ class ModelTokenizer:
     def decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat template applied as vLLM applies it, with the request's template
+        switches (``add_generation_prompt``, ``tools``, ``chat_template_kwargs``)."""
         if self.chat_template is None:
             raise PromptError("this model has no chat template; use /v1/completions")
         if not isinstance(messages, list) or not messages:
@@ -64,8 +73,11 @@ class ModelTokenizer:
             m.get("role") == "developer" for m in conversation
         ):
             conversation = _developer_as_system(conversation)
+        variables = {**(template_kwargs or {}), **self.template_variables}
+        if tools is not None:
+            variables["tools"] = tools
         return self.chat_template.render(
-            messages=conversation, add_generation_prompt=True, **self.template_variables
+            **variables, messages=conversation, add_generation_prompt=add_generation_prompt
         )
 
     def _as_vllm_passes_it(self, message: Any) -> dict[str, Any]:
@@ -82,8 +94,8 @@ class ModelTokenizer:
             )
         return message
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+    def chat_ids(self, messages: list[dict[str, Any]], **switches: Any) -> list[int]:
+        return self.encode(self.render_chat(messages, **switches), add_special_tokens=False)
 
     def completion_ids(self, prompt: Any) -> list[int]:
         """A completions ``prompt``: a string, a one-string list, or token ids."""
@@ -98,7 +110,13 @@ class ModelTokenizer:
     def request_ids(self, body: dict[str, Any], *, chat: bool) -> list[int]:
         """The prompt token ids of an OpenAI request body, as vLLM computes them."""
         if chat:
-            return self.chat_ids(body.get("messages"))  # type: ignore[arg-type]
+            kwargs = body.get("chat_template_kwargs")
+            return self.chat_ids(
+                body.get("messages"),  # type: ignore[arg-type]
+                add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+                tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+                template_kwargs=kwargs if isinstance(kwargs, dict) else None,
+            )
         return self.completion_ids(body.get("prompt"))
 
 

@@ -122,8 +122,10 @@ def test_streamed_chat_has_openai_chunks_usage_and_done(engines: Engines):
         {"messages": [{"role": "system", "content": "Be brief."},
                       {"role": "user", "content": "Hi."},
                       {"role": "developer", "content": "Answer in French."}]},
+        {"messages": [{"role": "user", "content": "Hi."}], "add_generation_prompt": False},
     ],
-    ids=["completion", "chat", "chat-content-parts", "chat-developer-role"],
+    ids=["completion", "chat", "chat-content-parts", "chat-developer-role",
+         "chat-no-generation-prompt"],
 )  # fmt: skip
 def test_tokenize_equals_the_routers_own_tokenizer(engines: Engines, request_body: dict):
     answer = post(engines.colocated_url + "/tokenize", {"model": COLOCATED_MODEL, **request_body})
