@@ -19,7 +19,7 @@ class Generation:
     body: dict | None = None
 
 
-def _choice_text(choice: dict) -> str:
+def choice_text(choice: dict) -> str:
     if "delta" in choice:
         return choice["delta"].get("content") or ""
     if "message" in choice:
@@ -35,7 +35,7 @@ def generate(base_url: str, path: str, body: dict, timeout_s: float = 120) -> Ge
             result = Generation(status=response.status_code, body=response.json())
             if response.status_code == 200:
                 choice = result.body["choices"][0]
-                result.text = _choice_text(choice)
+                result.text = choice_text(choice)
                 result.token_ids = list(choice.get("token_ids") or [])
                 result.usage = result.body.get("usage")
             return result
@@ -63,7 +63,7 @@ def generate(base_url: str, path: str, body: dict, timeout_s: float = 120) -> Ge
 
 def _fold_chunk(result: Generation, chunk: dict) -> None:
     for choice in chunk.get("choices") or []:
-        result.text += _choice_text(choice)
+        result.text += choice_text(choice)
         result.token_ids += choice.get("token_ids") or []
     if chunk.get("usage"):
         result.usage = chunk["usage"]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.clusters import COLOCATED_MODEL, MODEL
+from tests.generation import choice_text
 
 GREEDY = {"temperature": 0, "max_tokens": 8}
 USER = [{"role": "user", "content": "Name a prime number."}]
@@ -109,7 +110,7 @@ def ask(base_url: str, path: str, body: dict) -> Answer:
                 answer.error = payload.get("error")
                 return answer
             for choice in payload["choices"]:
-                answer.texts[choice["index"]] = _text(choice)
+                answer.texts[choice["index"]] = choice_text(choice)
                 answer.finish[choice["index"]] = choice.get("finish_reason")
             answer.usage = payload.get("usage")
             return answer
@@ -128,20 +129,12 @@ def ask(base_url: str, path: str, body: dict) -> Answer:
                 chunk = json.loads(data)
                 for choice in chunk.get("choices") or []:
                     index = choice["index"]
-                    answer.texts[index] = answer.texts.get(index, "") + _text(choice)
+                    answer.texts[index] = answer.texts.get(index, "") + choice_text(choice)
                     if choice.get("finish_reason"):
                         answer.finish[index] = choice["finish_reason"]
                 if chunk.get("usage"):
                     answer.usage = chunk["usage"]
             return answer
-
-
-def _text(choice: dict) -> str:
-    if "delta" in choice:
-        return choice["delta"].get("content") or ""
-    if "message" in choice:
-        return choice["message"].get("content") or ""
-    return choice.get("text") or ""
 
 
 @pytest.mark.parametrize(("path", "shape"), CASES)
