@@ -36,6 +36,16 @@ def detect_device() -> Device:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SimFacts:
+    """What the agent must know of a simulated engine: read from the sim's timing profile
+    at the edge (``localrun.sim_engine``), so that the agent never imports the sim."""
+
+    block_size_tokens: int
+    kv_capacity_tokens: int
+    max_model_len: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSpec:
     model_path: str
     served_model_name: str
@@ -62,6 +72,7 @@ class EngineSpec:
     # "sim" runs pdserve's simulator in vLLM's place: same API, same handoff.
     engine: EngineKind = "vllm"
     sim_profile: str = "tiny-cpu"
+    sim_facts: SimFacts | None = None  # required with engine="sim"
     extra_args: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -69,6 +80,8 @@ class EngineSpec:
             raise ValueError(f"engine port {self.port} is not a port")
         if self.kv_cache_gib < 1:
             raise ValueError("kv_cache_gib must be at least 1")
+        if self.engine == "sim" and self.sim_facts is None:
+            raise ValueError("a sim engine needs sim_facts: see localrun.sim_engine.sim_facts")
         if self.idle_spin_s is not None and not 0 <= self.idle_spin_s <= 10:
             raise ValueError("idle_spin_s must be within 0..10 seconds")
         if self.block_size is not None and self.device == "cpu" and self.block_size % 32:
@@ -77,18 +90,14 @@ class EngineSpec:
     def resolved_block_size(self) -> int:
         if self.block_size:
             return self.block_size
-        if self.engine == "sim":
-            from sim.profile import load_profile
-
-            return load_profile(self.sim_profile).block_size_tokens
+        if self.sim_facts is not None:
+            return self.sim_facts.block_size_tokens
         return DEFAULT_BLOCK_SIZE[self.device]
 
     def kv_capacity_tokens(self) -> int | None:
         """How many tokens of KV the engine holds (the router sizes its approximate index by it)."""
-        if self.engine == "sim":
-            from sim.profile import load_profile
-
-            return load_profile(self.sim_profile).kv_capacity_tokens
+        if self.sim_facts is not None:
+            return self.sim_facts.kv_capacity_tokens
         if self.device != "cpu":
             return None  # set by vLLM's memory profiling; not known before it runs
         bytes_per_token = kv_bytes_per_token(Path(self.model_path))
@@ -98,10 +107,8 @@ class EngineSpec:
         """--max-model-len, or what the engine defaults it to."""
         if self.max_model_len:
             return self.max_model_len
-        if self.engine == "sim":
-            from sim import DEFAULT_MAX_MODEL_LEN
-
-            return DEFAULT_MAX_MODEL_LEN
+        if self.sim_facts is not None:
+            return self.sim_facts.max_model_len
         return max_position_embeddings(Path(self.model_path))
 
     def kv_events_subscribe_endpoint(self) -> str | None:

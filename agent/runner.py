@@ -78,6 +78,8 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         "extra_args": tuple(extra),
         "engine": args.engine,
         "sim_profile": args.sim_profile,
+        # Set by the command line for --engine sim (the agent does not import the sim).
+        "sim_facts": getattr(args, "sim_facts", None),
     }
 
 

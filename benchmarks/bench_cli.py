@@ -112,7 +112,7 @@ def build_requests(args: argparse.Namespace) -> list[datasets.BenchRequest]:
 
 
 def _tokenizer_folder(args: argparse.Namespace) -> Path:
-    from cli.model_prep import KNOWN, resolve
+    from modelstore.known import KNOWN, resolve
 
     name = args.tokenizer
     if name is None:

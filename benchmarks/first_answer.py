@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from cli.ports import free_ports
+from localrun.ports import free_ports
 
 READY = "ready: OpenAI API at"
 QUESTION = "What is the capital of France?"

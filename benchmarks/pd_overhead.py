@@ -36,9 +36,9 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.ports import free_ports
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 
 MODES = ("direct", "direct_pd", "router", "router_pd", "raw_pd")

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.ports import free_ports
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 
 INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, MAX_CONCURRENCY = 128, 32, 48, 4

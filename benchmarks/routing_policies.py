@@ -49,9 +49,9 @@ from benchmarks.traces import (
     oracle_hit_rate,
     read_trace,
 )
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.ports import free_ports
 from contracts.tokenization import load_tokenizer
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 from sim.profile import load_profile
 

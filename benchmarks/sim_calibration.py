@@ -28,12 +28,13 @@ from pathlib import Path
 import aiohttp
 
 from agent.engine_spec import EngineSpec
+from benchmarks.calibration import fit_profile, fresh_prompt, measure_sweep, write_profile
 from benchmarks.client import RequestResult, stream_request
-from cli.engine_run import running_engine
-from cli.model_prep import resolve
-from cli.ports import free_ports
 from contracts.tokenization import load_tokenizer
-from sim.calibrate import fit_profile, fresh_prompt, measure_sweep, write_profile
+from localrun.engine_run import running_engine
+from localrun.ports import free_ports
+from localrun.sim_engine import sim_facts
+from modelstore.known import resolve
 from sim.profile import PROFILE_DIR, load_profile
 
 SHIPPED_PROFILE = {"tiny": "tiny-cpu", "smollm2": "smollm2-cpu"}
@@ -98,7 +99,8 @@ def run_model(name: str, work: Path) -> dict:
     rows = {"real_vllm": real}
     for label, profile in (("sim_fitted", str(fitted_path)), ("sim_shipped", shipped.name)):
         sim = EngineSpec(model_path=str(model_path), served_model_name=served, port=sim_port,
-                         engine="sim", sim_profile=profile, max_model_len=4096)  # fmt: skip
+                         engine="sim", sim_profile=profile, sim_facts=sim_facts(profile),
+                         max_model_len=4096)  # fmt: skip
         print(f"[{name}] {label}: check workload", flush=True)
         with running_engine(sim, work / f"{name}-{label}.log", ready_timeout_s=60) as url:
             rows[label] = summarize(asyncio.run(check_workload(url, served, vocab)))

@@ -8,8 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.model_prep import resolve
+from localrun.cluster import ClusterPlan, LocalCluster
+from modelstore.known import resolve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from agent import colocated
-    from benchmarks import bench_cli
+    from benchmarks import bench_cli, calibrate_cli
     from cli import launcher, model_prep
     from decode import agent as decode_agent
     from prefill import agent as prefill_agent
@@ -28,14 +28,27 @@ def build_parser() -> argparse.ArgumentParser:
         ("bench", bench_cli, "load-test an OpenAI-compatible endpoint; JSON + HTML report"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary)
-        module.add_arguments(sub)
+        if module is sim_cli:
+            calibrate = ("calibrate", "measure a real vLLM and fit a timing profile to it",
+                         calibrate_cli)  # fmt: skip
+            sim_cli.add_arguments(sub, subcommands=[calibrate])
+        else:
+            module.add_arguments(sub)
         sub.set_defaults(run=module.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in AGENT_COMMANDS and args.engine == "sim":
+        # The engine kind is chosen here, at the edge: the agent gets the sim's facts.
+        from localrun.sim_engine import sim_facts
+
+        args.sim_facts = sim_facts(args.sim_profile)
     return args.run(args)
+
+
+AGENT_COMMANDS = ("prefill", "decode", "colocated")
 
 
 if __name__ == "__main__":

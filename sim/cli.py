@@ -1,6 +1,7 @@
 """``pdserve sim``: N simulated vLLM servers in one process, on consecutive ports.
 
-``pdserve sim calibrate`` measures a real vLLM and writes a fitted timing profile.
+Subcommands (``pdserve sim calibrate``, which lives with the benchmarks) are added by
+the command line, so the sim imports neither the benchmarks nor the agent.
 """
 
 from __future__ import annotations
@@ -11,21 +12,28 @@ import contextlib
 import dataclasses
 import os
 import signal
+from collections.abc import Sequence
+from types import ModuleType
 
 from aiohttp import web
 
-from sim import DEFAULT_MAX_MODEL_LEN, calibrate_cli
+from sim import DEFAULT_MAX_MODEL_LEN
 from sim.faults import SimFaults
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
 
+Subcommand = tuple[str, str, ModuleType]
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="sim_command", required=False)
-    calibrate = commands.add_parser(
-        "calibrate", help="measure a real vLLM and fit a timing profile to it"
-    )
-    calibrate_cli.add_arguments(calibrate)
+
+def add_arguments(parser: argparse.ArgumentParser, subcommands: Sequence[Subcommand] = ()) -> None:
+    """The sim's flags; each of ``subcommands`` (name, help, module with ``add_arguments``
+    and ``main``) becomes ``pdserve sim NAME``."""
+    if subcommands:
+        commands = parser.add_subparsers(dest="sim_command", required=False)
+        for name, summary, module in subcommands:
+            sub = commands.add_parser(name, help=summary, description=summary)
+            module.add_arguments(sub)
+            sub.set_defaults(sim_run=module.main)
     parser.add_argument("--model", help="model folder (its tokenizer is used)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--role", choices=["colocated", "kv_producer", "kv_consumer"],
@@ -54,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.sim_command == "calibrate":
-        return calibrate_cli.main(args)
+    if getattr(args, "sim_command", None):
+        return args.sim_run(args)
     missing = [f"--{n.replace('_', '-')}" for n in ("model", "served_model_name", "port")
                if getattr(args, n) is None]  # fmt: skip
     if missing:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.ports import free_ports
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate
 

@@ -19,11 +19,11 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.cluster import LocalCluster
 from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
 from contracts.kv_events import BlocksStored, decode_batch
 from contracts.tokenization import load_tokenizer
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, parse_handoff
+from localrun.cluster import LocalCluster
 from tests.clusters import COLOCATED_MODEL, MODEL
 
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from benchmarks.prometheus_text import scrape, total
-from cli.ports import free_ports
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate
 

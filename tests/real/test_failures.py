@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from benchmarks.prometheus_text import scrape, scrape_or_none, total
-from cli.ports import free_ports
+from localrun.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from cli.ports import free_ports
+from localrun.ports import free_ports
 
 ADMIN_TOKEN = "test-admin-token"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cli.ports import free_ports
+from localrun.ports import free_ports
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

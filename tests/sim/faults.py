@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from cli.cluster import LocalCluster
+from localrun.cluster import LocalCluster
 
 
 def set_faults(cluster: LocalCluster, worker: str, **faults: object) -> httpx.Response:

@@ -18,9 +18,10 @@ from agent.engine_spec import EngineSpec
 from benchmarks import report
 from benchmarks.arrivals import send_times
 from benchmarks.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
-from cli.engine_run import running_engine
-from cli.ports import free_ports
 from contracts.tokenization import load_tokenizer
+from localrun.engine_run import running_engine
+from localrun.ports import free_ports
+from localrun.sim_engine import sim_facts
 from modelstore import tiny_llama
 from sim.profile import load_profile
 
@@ -41,7 +42,8 @@ def known_sim(tmp_path_factory: pytest.TempPathFactory):
     profile_path.write_text(json.dumps(dataclasses.asdict(profile)))
     (port,) = free_ports(1)
     spec = EngineSpec(model_path=str(tiny_llama.ensure()), served_model_name=tiny_llama.SERVED_NAME,
-                      port=port, engine="sim", sim_profile=str(profile_path))  # fmt: skip
+                      port=port, engine="sim", sim_profile=str(profile_path),
+                      sim_facts=sim_facts(str(profile_path)))  # fmt: skip
     with running_engine(spec, folder / "sim.log", ready_timeout_s=60) as url:
         yield url
 

@@ -7,10 +7,7 @@ import dataclasses
 import pytest
 from aiohttp import web
 
-from cli.ports import free_ports
-from contracts.tokenization import load_tokenizer
-from modelstore import tiny_llama
-from sim.calibrate import (
+from benchmarks.calibration import (
     PREFILL_LENGTHS,
     fit_line,
     fit_prefill,
@@ -19,6 +16,9 @@ from sim.calibrate import (
     prefill_curve,
     prefill_intercept_ms,
 )
+from contracts.tokenization import load_tokenizer
+from localrun.ports import free_ports
+from modelstore import tiny_llama
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.prometheus_text import scrape, total
-from cli.cluster import ClusterPlan, LocalCluster
-from cli.ports import free_ports
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate
 

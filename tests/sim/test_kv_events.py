@@ -11,8 +11,8 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from cli.ports import free_ports
 from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
+from localrun.ports import free_ports
 from modelstore import tiny_llama
 from sim.profile import load_profile
 from sim.server import SimConfig, SimServer

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from agent.engine_spec import CPU_IDLE_SPIN_S, ENGINE_SITE_DIR, EngineSpec
+from agent.engine_spec import CPU_IDLE_SPIN_S, ENGINE_SITE_DIR, EngineSpec, SimFacts
 from agent.placement import ExpectedPlacement
 from kvtransfer.transport import NixlTransport
 
@@ -109,8 +109,17 @@ def test_colocated_and_sim_engines_get_only_what_applies():
     assert "PDSERVE_KEEP_MODEL_THREAD_CORES" not in colocated
     assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in colocated
     assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in transport(progress_delay_us=0).env()
-    assert "PDSERVE_ENGINE_CPUS" not in spec(cores="0", engine="sim").env({})
-    assert spec(cores="0", engine="sim").expected_placement() is None
+    facts = SimFacts(block_size_tokens=16, kv_capacity_tokens=1024, max_model_len=512)
+    sim = spec(cores="0", engine="sim", sim_facts=facts)
+    assert "PDSERVE_ENGINE_CPUS" not in sim.env({})
+    assert sim.expected_placement() is None
+    assert (sim.resolved_block_size(), sim.kv_capacity_tokens(), sim.context_window()) == (
+        16,
+        1024,
+        512,
+    )
+    with pytest.raises(ValueError, match="sim_facts"):
+        spec(engine="sim")
     assert "PDSERVE_ENGINE_IDLE_SPIN_S" not in spec(device="cuda").env({})
     assert spec(device="cuda", idle_spin_s=0.5).env({})["PDSERVE_ENGINE_IDLE_SPIN_S"] == "0.5"
     assert spec(device="cuda", cores="2").expected_placement() == ExpectedPlacement(

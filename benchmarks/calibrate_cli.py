@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 
 from agent.engine_spec import EngineSpec, detect_device
-from cli.engine_run import running_engine
-from cli.model_prep import resolve
-from cli.ports import free_ports
+from benchmarks.calibration import fit_profile, measure_sweep, write_profile
 from contracts.tokenization import load_tokenizer
-from sim.calibrate import fit_profile, measure_sweep, write_profile
+from localrun.engine_run import running_engine
+from localrun.ports import free_ports
+from modelstore.known import resolve
 from sim.profile import load_profile
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cli.ports import free_ports
+from localrun.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
 
