@@ -7,6 +7,9 @@ alternating A B A B so drift on this shared box hits both alike. Same workload f
 both: random prompts of INPUT_LEN tokens, OUTPUT_LEN output tokens (ignore_eos,
 temperature 0), NUM_PROMPTS requests, MAX_CONCURRENCY in flight, no rate limit.
 Reported: failures (must be 0 in both), and TTFT/TPOT means and medians side by side.
+As a referee for TTFT, each run also records the router's own mean TTFT over that run
+(its ``pdserve_time_to_first_token_seconds`` sum/count, arrival to first byte): a
+client whose mean is far from the router's is measuring something else.
 
     python -m benchmarks.real_client [--rounds 2]
 """
@@ -23,12 +26,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 
 INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, MAX_CONCURRENCY = 128, 32, 48, 4
-METRICS = ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms")
+METRICS = (
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "router_mean_ttft_ms",
+)
 
 
 def vllm_bench(router_url: str, model_path: Path, out: Path, seed: int) -> dict:
@@ -84,6 +94,13 @@ def pdserve_bench(router_url: str, out: Path, seed: int) -> dict:
             "mean_tpot_ms": tpot["mean"], "median_tpot_ms": tpot["p50"]}  # fmt: skip
 
 
+def router_ttft(router_url: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the router's TTFT histogram so far."""
+    samples = scrape(router_url + "/metrics")
+    name = "pdserve_time_to_first_token_seconds"
+    return total(samples, name + "_sum"), total(samples, name + "_count")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="A B pairs")
@@ -98,8 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         for round_index in range(args.rounds):
-            for run in (vllm_bench(cluster.router_url, plan.model_path, work, round_index),
-                        pdserve_bench(cluster.router_url, work, round_index)):  # fmt: skip
+            for client in ("vllm", "pdserve"):
+                before = router_ttft(cluster.router_url)
+                if client == "vllm":
+                    run = vllm_bench(cluster.router_url, plan.model_path, work, round_index)
+                else:
+                    run = pdserve_bench(cluster.router_url, work, round_index)
+                after = router_ttft(cluster.router_url)
+                run["router_mean_ttft_ms"] = (
+                    1000 * (after[0] - before[0]) / max(1, after[1] - before[1])
+                )
                 print(f"bench: {json.dumps(run)}", flush=True)
                 runs.append(run)
     finally:
