@@ -1,6 +1,6 @@
 """Router and disaggregation overhead, measured side by side in one run.
 
-Five ways to serve the same streamed completion on the tiny model:
+Five ways to serve the same streamed completion (the tiny model unless ``--model``):
   (a) direct      the colocated vLLM (no NIXL), called directly;
   (a') direct_pd  the decode vLLM (NixlConnector loaded), called directly with no
                   handoff: what the transfer machinery costs every request;
@@ -39,12 +39,11 @@ import psutil
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
-from modelstore import tiny_llama
+from modelstore.known import resolve
 
 MODES = ("direct", "direct_pd", "router", "router_pd", "raw_pd")
 PROMPT_WORDS = {"short": 50, "long": 400}
 MAX_TOKENS = 16
-COLOCATED_NAME = "tiny-llama-colocated"
 REQUEST_TIMEOUT_S = 90
 
 
@@ -97,21 +96,22 @@ async def raw_two_call(
 
 async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sample]:
     colocated = cluster.worker("colocated-0").engine_url
+    served, colocated_name = cluster.plan.served_name, cluster.plan.colocated_served_name
     prefill = cluster.worker("prefill-0").engine_url
     decode = cluster.worker("decode-0").engine_url
     # mode -> (URL, served model) for the single-call modes
     single_call = {
-        "direct": (colocated + "/v1/completions", COLOCATED_NAME),
-        "direct_pd": (decode + "/v1/completions", tiny_llama.SERVED_NAME),
-        "router": (cluster.router_url + "/v1/completions", COLOCATED_NAME),
-        "router_pd": (cluster.router_url + "/v1/completions", tiny_llama.SERVED_NAME),
+        "direct": (colocated + "/v1/completions", colocated_name),
+        "direct_pd": (decode + "/v1/completions", served),
+        "router": (cluster.router_url + "/v1/completions", colocated_name),
+        "router_pd": (cluster.router_url + "/v1/completions", served),
     }
     samples: list[Sample] = []
     rounds = warmup + requests
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=16)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await warm_up(session, cluster.router_url)
+        await warm_up(session, cluster.router_url, (colocated_name, served))
         for size, words in PROMPT_WORDS.items():
             for index in range(rounds):
                 for mode in MODES:
@@ -124,7 +124,7 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
                     }
                     try:
                         if mode == "raw_pd":
-                            body["model"] = tiny_llama.SERVED_NAME
+                            body["model"] = served
                             ttft_s, e2e_s = await raw_two_call(session, prefill, decode, body)
                         else:
                             url, body["model"] = single_call[mode]
@@ -139,11 +139,13 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
     return samples
 
 
-async def warm_up(session: aiohttp.ClientSession, router_url: str, timeout_s: float = 300) -> None:
+async def warm_up(
+    session: aiohttp.ClientSession, router_url: str, models: tuple, timeout_s: float = 300
+) -> None:
     """Until each path answers once: the first P/D request pays the NIXL handshake, which
     on a loaded 2-core box can outlast the KV lease, and is not what is measured here."""
     deadline = time.monotonic() + timeout_s
-    for model in (COLOCATED_NAME, tiny_llama.SERVED_NAME):
+    for model in models:
         body = {"model": model, "prompt": "warm up", "max_tokens": 2, "stream": True}
         while True:
             try:
@@ -249,7 +251,7 @@ def router_counter(router_url: str, name: str) -> float:
 def table(saved: dict) -> str:
     summary, requests = saved["summary"], saved["requests_per_mode"]
     lines = [
-        "# P/D overhead (tiny model, CPU)", "",
+        f"# P/D overhead ({saved.get('model', 'tiny-llama')}, CPU)", "",
         f"Command: `{saved['command']}` ({saved['date']})", "",
         f"{requests} streamed completions per mode and prompt size, {MAX_TOKENS} output tokens, "
         "modes interleaved. Milliseconds.", "",
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=30, help="measured requests per mode")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a model folder")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the table and plot from OUT/pd_overhead.json")  # fmt: skip
@@ -316,11 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         write_reports(out, json.loads((out / "pd_overhead.json").read_text()))
         return 0
+    model_path, served = resolve(args.model)
     (port,) = free_ports(1)
     run_dir = Path(tempfile.mkdtemp(prefix="pdserve-bench-"))
     plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=tiny_llama.SERVED_NAME,
-        colocated_served_name=COLOCATED_NAME, prefill=1, decode=1, colocated=1,
+        model_path=model_path, served_name=served, colocated_served_name=f"{served}-colocated",
+        prefill=1, decode=1, colocated=1,
         port=port, run_dir=run_dir, drain_timeout_s=5,
     )  # fmt: skip
     cluster = LocalCluster(plan, say=lambda m: print(f"bench: {m}", flush=True))
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = {
         "command": ("python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])).strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,
+        "model": served, "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,
         "idle_cpu_pct": idle, "kv_lease_reprefills": reprefills,
         "goals": goals(summary, idle, reprefills, plan.kv_lease_s),
         "summary": summary, "samples": [asdict(s) for s in samples],
