@@ -112,8 +112,8 @@ class EngineSpec:
         return max_position_embeddings(Path(self.model_path))
 
     def kv_events_subscribe_endpoint(self) -> str | None:
-        """The engine binds its endpoint (``tcp://*:PORT``: every interface); the router
-        connects to it on the engine's host."""
+        """Where the router connects: the engine binds the endpoint as named (the agent
+        has vLLM bind a named host too); a wildcard becomes the engine's host."""
         if not self.kv_events_endpoint:
             return None
         return self.kv_events_endpoint.replace("*", self.host).replace("0.0.0.0", self.host)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+AGENT_COMMANDS = ("prefill", "decode", "colocated")
+
 
 def build_parser() -> argparse.ArgumentParser:
     from agent import colocated
@@ -46,9 +48,6 @@ def main(argv: list[str] | None = None) -> int:
 
         args.sim_facts = sim_facts(args.sim_profile)
     return args.run(args)
-
-
-AGENT_COMMANDS = ("prefill", "decode", "colocated")
 
 
 if __name__ == "__main__":

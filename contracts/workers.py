@@ -67,6 +67,10 @@ class WorkerRegistration(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1)
     engine_pid: int | None = None
 
+    # Bumped by the agent on each engine (re)start so the router can tell a restart
+    # from a heartbeat and drop per-incarnation state.
+    incarnation: int = 0
+
     @field_validator("prefix_caching_hash_algo")
     @classmethod
     def _hashable_by_the_router(cls, name: str) -> str:
@@ -76,10 +80,6 @@ class WorkerRegistration(BaseModel):
             raise ValueError(f"unsupported prefix_caching_hash_algo {name!r}; "
                              f"supported: {sorted(HASH_FUNCTIONS)}")  # fmt: skip
         return name
-
-    # Bumped by the agent on each engine (re)start so the router can tell a restart
-    # from a heartbeat and drop per-incarnation state.
-    incarnation: int = 0
 
 
 class WorkerHeartbeat(BaseModel):
