@@ -27,7 +27,7 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 
 from router.errors import InvalidRequest
-from router.orchestrator import SSE_HEADERS
+from router.relay import SSE_HEADERS
 
 _EVENT_END = b"\n\n"
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy

@@ -9,8 +9,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from contracts.workers import WorkerRole
+from router.load import InFlightLoad
+from router.prefix_index import PrefixIndex
 from router.registry import WorkerRegistry
-from router.worker_selection import WorkerSelector
+from router.routing_stats import RoutingStats, WorkerRouting
 
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
@@ -20,7 +22,13 @@ _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64
 
 class RouterMetrics:
     def __init__(
-        self, registry: WorkerRegistry, selector: WorkerSelector, clock: Callable[[], float]
+        self,
+        *,
+        registry: WorkerRegistry,
+        load: InFlightLoad,
+        index: PrefixIndex,
+        stats: RoutingStats,
+        clock: Callable[[], float],
     ) -> None:
         self.prometheus = CollectorRegistry(auto_describe=True)
         r = self.prometheus
@@ -91,7 +99,7 @@ class RouterMetrics:
             registry=r,
         )
         r.register(_WorkerCollector(registry, clock))
-        r.register(_RoutingCollector(registry, selector))
+        r.register(_RoutingCollector(registry, load, index, stats))
 
 
 class _WorkerCollector(Collector):
@@ -144,14 +152,22 @@ class _WorkerCollector(Collector):
 
 
 class _RoutingCollector(Collector):
-    """The prefix index and the routing decisions, read at scrape time."""
+    """The prefix index and the routing decisions, read at scrape time from snapshots."""
 
-    def __init__(self, registry: WorkerRegistry, selector: WorkerSelector) -> None:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        load: InFlightLoad,
+        index: PrefixIndex,
+        stats: RoutingStats,
+    ) -> None:
         self._registry = registry
-        self._selector = selector
+        self._load = load
+        self._index = index
+        self._stats = stats
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        selector, index = self._selector, self._selector.index
+        index, routing, load = self._index, self._stats.snapshot(), self._load.snapshot()
         size = GaugeMetricFamily("pdserve_prefix_index_blocks", "Distinct blocks indexed")
         size.add_metric([], len(index))
         held = GaugeMetricFamily(
@@ -173,13 +189,12 @@ class _RoutingCollector(Collector):
         )  # fmt: skip
         for worker in self._registry.workers():
             wid = worker.worker_id
-            routed.add_metric([wid, worker.role.value], selector.routed_requests.get(wid, 0))
+            routed_here = routing.workers.get(wid, WorkerRouting())
+            routed.add_metric([wid, worker.role.value], routed_here.routed_requests)
             held.add_metric([wid], index.blocks_held(wid))
-            inflight.add_metric([wid], selector.inflight(wid).requests)
-            routed_tokens = selector.routed_prompt_tokens.get(wid, 0)
-            if routed_tokens:
-                predicted = selector.predicted_hit_tokens[wid] / routed_tokens
-                ratio.add_metric([wid, "predicted"], predicted)
+            inflight.add_metric([wid], load[wid].requests if wid in load else 0)
+            if routed_here.predicted_hit_ratio is not None:
+                ratio.add_metric([wid, "predicted"], routed_here.predicted_hit_ratio)
             if worker.load.prefix_cache_queries:
                 observed = worker.load.prefix_cache_hits / worker.load.prefix_cache_queries
                 ratio.add_metric([wid, "observed"], observed)
@@ -190,7 +205,7 @@ class _RoutingCollector(Collector):
         )
         for role in WorkerRole:
             workers = sum(1 for w in self._registry.workers() if w.role is role)
-            factor = selector.hotspot_factor(role, workers)
+            factor = routing.hotspot_factor(role, workers)
             if factor is not None:
                 hotspot.add_metric([role.value], factor)
         events = CounterMetricFamily(
@@ -198,6 +213,6 @@ class _RoutingCollector(Collector):
             "KV event batches received, and gaps/restarts detected, per worker",
             labels=["worker", "kind"],
         )
-        for (wid, kind), count in selector.event_counts.items():
+        for (wid, kind), count in routing.kv_event_batches.items():
             events.add_metric([wid, kind], count)
         yield from (size, held, ratio, inflight, routed, hotspot, events)

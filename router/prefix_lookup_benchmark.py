@@ -33,7 +33,7 @@ from contracts.block_hashing import (
     none_hash,
 )
 from router.prefix_index import PrefixIndex
-from router.worker_selection import PromptBlocks
+from router.prompt_blocks import PromptBlocks
 
 
 def median_ms(work: Callable[[], object], repeats: int) -> float:

@@ -44,6 +44,24 @@ class WorkerState:
         return self.registration.engine_url
 
 
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """The eligible workers of one model, by role, at one instant."""
+
+    prefill: list[WorkerState]
+    decode: list[WorkerState]
+    colocated: list[WorkerState]
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill and self.decode)
+
+    @property
+    def first_hop(self) -> list[WorkerState]:
+        """The workers that would compute the prompt: its tokenizer and context limit."""
+        return self.prefill if self.disaggregated else self.colocated
+
+
 class WorkerRegistry:
     def __init__(
         self, *, heartbeat_timeout_s: float, forget_after_s: float, max_workers: int
@@ -120,6 +138,12 @@ class WorkerRegistry:
             for w in self._workers.values()
             if w.role is role and w.registration.model == model and self.is_eligible(w, now_s)
         ]
+
+    def pools(self, model: str, now_s: float) -> Pools:
+        return Pools(
+            *(self.eligible(model, role, now_s) for role in
+              (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED))
+        )  # fmt: skip
 
     def models(self) -> list[str]:
         return sorted({w.registration.model for w in self._workers.values()})

@@ -20,6 +20,7 @@ import aiohttp
 
 from router.errors import UpstreamFailed, UpstreamTimeout, sse_error_event
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]"
 _EVENT_END = b"\n\n"
 

@@ -18,7 +18,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
+class GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=200)
@@ -34,7 +34,7 @@ class _GenerationRequest(BaseModel):
     kv_transfer_params: None = Field(None, description="set by the router, never by clients")
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
 
     @field_validator("prompt")
@@ -51,14 +51,14 @@ class ChatMessage(BaseModel):
     content: str | list[Any] | None = None
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
 def validate(
-    model: type[_GenerationRequest], body: Any, *, max_tokens_cap: int
-) -> _GenerationRequest:
+    model: type[GenerationRequest], body: Any, *, max_tokens_cap: int
+) -> GenerationRequest:
     """Validate ``body`` or raise ``InvalidRequest`` naming the first bad field."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")

@@ -29,8 +29,8 @@ def main(args: argparse.Namespace) -> int:
     settings = RouterSettings.from_env(host=args.host, port=args.port)
     uvicorn.run(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
+        host=settings.server.host,
+        port=settings.server.port,
         loop="uvloop",
         http="httptools",
         access_log=False,

@@ -1,22 +1,33 @@
-"""The router's one typed, frozen settings tree.
+"""The router's one typed, frozen settings tree: a group per concern.
 
-Every field is a knob: its docstring (``description``) is its documentation, and
-``PDSERVE_<FIELD>`` in the environment sets it. ``pdserve router --help-config``
-prints the table that the README carries.
+Every field is a knob: its ``description`` is its documentation, and
+``PDSERVE_<FIELD>`` in the environment sets it. Field names are unique across
+groups, so the environment stays flat and ``RouterSettings(kv_lease_s=10)`` is
+accepted beside ``RouterSettings(leases=LeaseSettings(kv_lease_s=10))``.
+``pdserve router --help-config`` prints the table the README carries.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from router.routing import POLICIES, parse_weights
+from router.scheduling_plugins import DECIDERS, POLICIES, parse_weights
 
 
-class RouterSettings(BaseModel):
+def _pairs(spec: str) -> dict[str, str]:
+    pairs = (item.partition("=") for item in spec.split(",") if item.strip())
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerSettings(_Group):
+    """The HTTP front door: bind address, auth, body and request caps."""
 
     host: str = Field("127.0.0.1", description="Bind address. Loopback unless told otherwise.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port for the API and admin.")
@@ -39,6 +50,19 @@ class RouterSettings(BaseModel):
         description="Most choices (prompts in a list x n) one request may ask for; each is "
         "its own prefill and decode. Beyond it: 400.",
     )  # fmt: skip
+    tokenize_offload_chars: int = Field(
+        16384,
+        ge=0,
+        description="Prompts longer than this are tokenized in a thread, off the event loop.",
+    )
+    retry_after_s: int = Field(
+        2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
+    )
+
+
+class UpstreamSettings(_Group):
+    """Calls to worker engines: pool, timeouts, retries."""
+
     upstream_connect_timeout_s: float = Field(
         3.0, gt=0, description="Connect timeout to a worker engine. Low: fast failover."
     )
@@ -54,6 +78,21 @@ class RouterSettings(BaseModel):
     prefill_retries: int = Field(
         1, ge=0, le=3, description="Retries of a failed prefill on another prefill worker."
     )
+    upstream_pool_size: int = Field(
+        1024, ge=1, description="Pooled upstream connections (all workers together)."
+    )
+    upstream_keepalive_s: float = Field(
+        30.0,
+        gt=0,
+        le=300,
+        description="Idle upstream connections are closed after this. Keep it below the "
+        "engines' keep-alive (agents start vLLM with VLLM_HTTP_TIMEOUT_KEEP_ALIVE=60).",
+    )
+
+
+class LeaseSettings(_Group):
+    """The KV handoff's lease: how long a prefill's blocks are held for a decode."""
+
     kv_lease_s: float = Field(
         30.0,
         gt=0,
@@ -74,6 +113,11 @@ class RouterSettings(BaseModel):
         "vLLM may then read reused blocks. On in every shipped configuration and in the "
         "tests; off only to diagnose a box where decodes routinely start late.",
     )
+
+
+class HealthSettings(_Group):
+    """The worker registry: heartbeats, probes, capacity."""
+
     heartbeat_timeout_s: float = Field(
         10.0, gt=0, description="A worker silent this long is out of rotation."
     )
@@ -96,20 +140,12 @@ class RouterSettings(BaseModel):
     max_workers: int = Field(
         1024, ge=1, description="Registry capacity; registrations beyond it get 429."
     )
-    upstream_pool_size: int = Field(
-        1024, ge=1, description="Pooled upstream connections (all workers together)."
-    )
-    upstream_keepalive_s: float = Field(
-        30.0,
-        gt=0,
-        le=300,
-        description="Idle upstream connections are closed after this. Keep it below the "
-        "engines' keep-alive (agents start vLLM with VLLM_HTTP_TIMEOUT_KEEP_ALIVE=60).",
-    )
-    retry_after_s: int = Field(
-        2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
-    )
-    routing_policy: Literal["round_robin", "least_loaded", "prefix_affinity"] = Field(
+
+
+class RoutingSettings(_Group):
+    """Worker choice: policies, plug-in weights, bounded load, the P/D decider."""
+
+    routing_policy: str = Field(
         "prefix_affinity",
         description="How a worker is chosen in a pool: prefix_affinity (cached prefix, then "
         "queue, with bounded load), least_loaded, or round_robin.",
@@ -157,6 +193,61 @@ class RouterSettings(BaseModel):
         "plus this prompt would exceed max(this, (1+epsilon) x mean) loses affinity, so short "
         "prompts do not wait behind a long prefill. 0: off.",
     )
+    conditional_disagg_max_uncached_tokens: int = Field(
+        0,
+        ge=0,
+        description="Prefill on the decode worker, skipping the KV transfer, when at most "
+        "this many prompt tokens are not cached there. 0: always disaggregate.",
+    )
+    conditional_disagg_max_kv_usage: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="... and only while that decode worker's KV usage is below this.",
+    )
+    hotspot_window_requests: int = Field(
+        1000, ge=10, le=1_000_000, description="Decisions the hotspot factor is computed over."
+    )
+
+    pd_decider: str = Field(
+        "conditional_disagg",
+        description="How a request with both pools ready is served: always_disaggregate, or "
+        "conditional_disagg (prefill on the decode worker when its uncached part is short; "
+        "see the two conditional_disagg_* knobs).",
+    )
+
+    def policies_by_model(self) -> dict[str, str]:
+        """``routing_policy_by_model`` as a mapping."""
+        return _pairs(self.routing_policy_by_model)
+
+    def aliases(self) -> dict[str, str]:
+        """``model_aliases`` as alias -> served model."""
+        return _pairs(self.model_aliases)
+
+    def policy_of(self, model: str) -> str:
+        return self.policies_by_model().get(model, self.routing_policy)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> RoutingSettings:
+        if self.routing_policy not in POLICIES:
+            raise ValueError(
+                f"routing_policy {self.routing_policy!r}; known: {sorted(POLICIES)}"
+            )
+        for model, policy in self.policies_by_model().items():
+            if policy not in POLICIES:
+                raise ValueError(
+                    f"routing_policy_by_model: {model}={policy}; known: {sorted(POLICIES)}"
+                )
+        if self.pd_decider not in DECIDERS:
+            raise ValueError(f"pd_decider {self.pd_decider!r}; known: {sorted(DECIDERS)}")
+        parse_weights(self.prefill_scorers)
+        parse_weights(self.decode_scorers)
+        return self
+
+
+class IndexSettings(_Group):
+    """The prefix index: sources, capacity, record lifetimes, the hash memo."""
+
     prefix_index_source: Literal["precise", "approximate", "both"] = Field(
         "both",
         description="precise: engines' KV events; approximate: what the router sent where "
@@ -181,52 +272,43 @@ class RouterSettings(BaseModel):
         description="After a gap in a worker's KV events, use the approximate index for it "
         "this long.",
     )
-    conditional_disagg_max_uncached_tokens: int = Field(
-        0,
-        ge=0,
-        description="Prefill on the decode worker, skipping the KV transfer, when at most "
-        "this many prompt tokens are not cached there. 0: always disaggregate.",
-    )
-    conditional_disagg_max_kv_usage: float = Field(
-        0.8,
-        ge=0,
-        le=1,
-        description="... and only while that decode worker's KV usage is below this.",
-    )
     block_hash_memo_entries: int = Field(
         65536,
         ge=0,
         le=10_000_000,
         description="Blocks whose hash is remembered (LRU): shared prefixes are hashed once.",
     )
-    tokenize_offload_chars: int = Field(
-        16384,
-        ge=0,
-        description="Prompts longer than this are tokenized in a thread, off the event loop.",
-    )
-    hotspot_window_requests: int = Field(
-        1000, ge=10, le=1_000_000, description="Decisions the hotspot factor is computed over."
-    )
     prefix_expire_interval_s: float = Field(
         5.0, gt=0, description="How often expired routing-time records are swept."
     )
 
-    def routing_policies(self) -> dict[str, str]:
-        """``routing_policy_by_model`` as a mapping."""
-        return _pairs(self.routing_policy_by_model)
 
-    def aliases(self) -> dict[str, str]:
-        """``model_aliases`` as alias -> served model."""
-        return _pairs(self.model_aliases)
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    @model_validator(mode="after")
-    def _check_routing(self) -> RouterSettings:
-        for model, policy in self.routing_policies().items():
-            if policy not in POLICIES:
-                raise ValueError(f"routing_policy_by_model: {model}={policy}; known: {POLICIES}")
-        parse_weights(self.prefill_scorers)
-        parse_weights(self.decode_scorers)
-        return self
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    leases: LeaseSettings = Field(default_factory=LeaseSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    index: IndexSettings = Field(default_factory=IndexSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_names_into_groups(cls, values: Any) -> Any:
+        """Accept every knob by its own (flat, unique) name, as the environment spells it."""
+        if not isinstance(values, dict):
+            return values
+        grouped: dict[str, Any] = {}
+        for name, value in values.items():
+            group = _GROUP_OF.get(name)
+            if group is None:
+                grouped[name] = value
+                continue
+            section = grouped.setdefault(group, {})
+            if isinstance(section, dict):
+                section[name] = value
+        return grouped
 
     @classmethod
     def from_env(cls, **overrides: object) -> RouterSettings:
@@ -235,7 +317,7 @@ class RouterSettings(BaseModel):
         Raises ``ValueError`` naming every bad field, so a bad config is refused whole.
         """
         values: dict[str, object] = {}
-        for name in cls.model_fields:
+        for name in _GROUP_OF:
             raw = os.environ.get(f"PDSERVE_{name.upper()}")
             if raw is None:
                 continue
@@ -247,15 +329,24 @@ class RouterSettings(BaseModel):
             raise ValueError(f"invalid router settings: {error}") from error
 
 
-def _pairs(spec: str) -> dict[str, str]:
-    pairs = (item.partition("=") for item in spec.split(",") if item.strip())
-    return {key.strip(): value.strip() for key, _, value in pairs}
-
-
 def settings_table() -> str:
-    """The Markdown knob table, generated from the field descriptions."""
-    rows = ["| setting | env var | default | what it does |", "|---|---|---|---|"]
-    for name, field in RouterSettings.model_fields.items():
-        default = field.default if field.default not in ((), None) else "unset"
-        rows.append(f"| `{name}` | `PDSERVE_{name.upper()}` | `{default}` | {field.description} |")
+    """The Markdown knob table, generated from the field descriptions, group by group."""
+    rows = ["| group | setting | env var | default | what it does |", "|---|---|---|---|---|"]
+    for group, section in RouterSettings.model_fields.items():
+        assert isinstance(section.annotation, type)
+        for name, field in section.annotation.model_fields.items():
+            default = field.default if field.default not in ((), None) else "unset"
+            rows.append(
+                f"| {group} | `{name}` | `PDSERVE_{name.upper()}` | `{default}` | "
+                f"{field.description} |"
+            )
     return "\n".join(rows)
+
+
+# knob name -> its group; names are unique across groups (checked at import).
+_GROUP_OF: dict[str, str] = {}
+for _group, _section in RouterSettings.model_fields.items():
+    assert isinstance(_section.annotation, type)
+    for _name in _section.annotation.model_fields:
+        assert _name not in _GROUP_OF, f"knob {_name!r} is in two groups"
+        _GROUP_OF[_name] = _group

@@ -52,6 +52,8 @@ def running_router(**settings: str) -> Iterator[RouterProcess]:
         except httpx.TransportError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()  # a live process's stderr would never reach EOF
+            process.wait()
             raise RuntimeError(f"router did not start: {process.stderr.read().decode()[-2000:]}")
         time.sleep(0.1)
     try:

@@ -71,7 +71,7 @@ def test_a_same_prefix_burst_stays_on_one_prefill_until_its_load_bound_then_spil
     threads: list[threading.Thread] = []
     # With 2 prefill workers and the default epsilon (0.5) the mean-based bound stays at
     # or below the floor for this burst, so the floor is where the prefix's worker stops.
-    floor = RouterSettings().bounded_load_floor
+    floor = RouterSettings().routing.bounded_load_floor
     try:
         order = [send_and_see_where(sim_cluster, prefix_prompt(1, i), threads)
                  for i in range(floor + 1)]  # fmt: skip

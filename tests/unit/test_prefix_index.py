@@ -139,7 +139,7 @@ def test_routing_hashes_a_prompt_only_as_deep_as_the_index_matches():
         none_hash,
         sha256_pickle,
     )
-    from router.worker_selection import PromptBlocks
+    from router.prompt_blocks import PromptBlocks
 
     calls = []
 
@@ -169,20 +169,23 @@ async def test_the_router_hashes_with_the_seed_the_engine_registered():
     from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
     from contracts.workers import WorkerRegistration, WorkerRole
     from modelstore import tiny_llama
+    from router.prepare import Endpoint, PreparedRequest, measure_prompt
+    from router.prompt_blocks import BlockHashers
     from router.registry import WorkerState
-    from router.settings import RouterSettings
-    from router.worker_selection import WorkerSelector
 
     ids = list(range(100, 164))
-    selector = WorkerSelector(RouterSettings(), clock=lambda: 0.0)
+    hashers = BlockHashers(memo_entries=1024)
+    request = PreparedRequest(
+        endpoint=Endpoint.COMPLETIONS, body={"model": "m", "prompt": ids}, model="m",
+        stream=False, arrived_s=0.0, requested_model="m",
+    )  # fmt: skip
     for seed in (None, "1234"):
         registration = WorkerRegistration(
             worker_id="p", role=WorkerRole.PREFILL, model="m", engine_url="http://e",
             block_size=16, tokenizer_path=str(tiny_llama.ensure()), prefix_hash_seed=seed,
         )  # fmt: skip
-        blocks = await selector.prompt_blocks(
-            {"prompt": ids}, chat=False, workers=[WorkerState(registration, 0.0)]
-        )
+        workers = [WorkerState(registration, 0.0)]
+        blocks = await measure_prompt(request, workers, hashers, offload_chars=1 << 20)
         root = none_hash(sha256_pickle, seed)
         assert blocks.all() == [
             external_block_hash(h) for h in block_hashes(ids, 16, sha256_pickle, root)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
+from router.load import InFlight
 from router.registry import WorkerState
-from router.routing import InFlight, Pipeline, RouteQuery, parse_weights
+from router.scheduling_plugins import PickContext, RouteQuery, choose, parse_weights
 from router.settings import RouterSettings
 
 BLOCK = 16
@@ -20,6 +23,26 @@ def worker(worker_id: str, kv_usage: float = 0.0, known: bool = True) -> WorkerS
     return WorkerState(registration, 0.0, load=load)
 
 
+@dataclass
+class Pipeline:
+    """A policy with its weights and bounds, and the rotation a pool keeps between picks."""
+
+    policy: str
+    weights: dict[str, float]
+    epsilon: float
+    load_floor: int = 0
+    token_floor: int = 0
+    turn: int = 0
+
+    def pick(self, workers, query, inflight, exclude=()):
+        context = PickContext(
+            query=query, turn=self.turn, weights=self.weights, epsilon=self.epsilon,
+            load_floor=self.load_floor, token_floor=self.token_floor,
+        )  # fmt: skip
+        self.turn += 1
+        return choose(self.policy, workers, context, inflight, exclude)
+
+
 def affinity(epsilon: float = 0.25) -> Pipeline:
     return Pipeline("prefix_affinity", parse_weights("uncached_tokens=1,queued_tokens=0.25"),
                     epsilon)  # fmt: skip
@@ -28,8 +51,7 @@ def affinity(epsilon: float = 0.25) -> Pipeline:
 def pick(pipeline, workers, matched, loads=None, prompt_tokens=10 * BLOCK, exclude=()):
     loads = loads or {}
     query = RouteQuery(prompt_tokens=prompt_tokens, block_size=BLOCK, matched=matched)
-    return pipeline.pick("m/prefill", workers, query,
-                         lambda w: loads.get(w, InFlight()), exclude)  # fmt: skip
+    return pipeline.pick(workers, query, lambda w: loads.get(w, InFlight()), exclude)
 
 
 def test_prefix_affinity_goes_where_the_prefix_is_cached():
@@ -124,7 +146,7 @@ def test_bad_scorers_and_policies_are_refused_whole():
     with pytest.raises(ValueError):
         RouterSettings(routing_policy="random")
     assert RouterSettings(routing_policy_by_model="a=round_robin, b=least_loaded")\
-        .routing_policies() == {"a": "round_robin", "b": "least_loaded"}  # fmt: skip
+        .routing.policies_by_model() == {"a": "round_robin", "b": "least_loaded"}  # fmt: skip
 
 
 @pytest.mark.parametrize("policy", ["prefix_affinity", "least_loaded", "round_robin"])

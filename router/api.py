@@ -1,0 +1,206 @@
+"""The HTTP API as a table: each route, its access level, and a module-level handler.
+
+Handlers find the router's parts on ``request.app.state.parts`` (``app.RouterParts``),
+so each can be called and tested on its own and the table can be read by tools. Access
+is applied from the table before a handler runs:
+- ``public``: no credentials (health, metrics);
+- ``client``: an API key from ``api_keys`` when any is set;
+- ``admin``: the ``admin_token``; unset, the admin API answers 403.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from contracts.workers import WorkerHeartbeat, WorkerRegistration
+from router.errors import APIError, Forbidden, NotFound, Overloaded, Unauthorized
+from router.http_io import bearer_in, json_body, parsed, unless_disconnected
+from router.prepare import Endpoint, prepare
+from router.registry import RegistryFull
+
+if TYPE_CHECKING:
+    from router.app import RouterParts
+
+log = logging.getLogger("pdserve.router")
+
+_ADMIN_BODY_BYTES = 64 * 1024  # registrations and heartbeats are small
+
+
+class Access(enum.Enum):
+    PUBLIC = "public"
+    CLIENT = "client"
+    ADMIN = "admin"
+
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    access: Access
+
+
+def parts_of(request: Request) -> RouterParts:
+    return request.app.state.parts
+
+
+def authorize(request: Request, access: Access) -> None:
+    server = parts_of(request).settings.server
+    if access is Access.CLIENT and server.api_keys and not bearer_in(request, server.api_keys):
+        raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+    if access is Access.ADMIN:
+        if not server.admin_token:
+            raise Forbidden("the admin API is disabled: set PDSERVE_ADMIN_TOKEN on the router")
+        if not bearer_in(request, (server.admin_token,)):
+            raise Unauthorized("missing or invalid admin token", code="invalid_admin_token")
+
+
+def guarded(route: Route) -> Handler:
+    """The route's handler behind its access check (FastAPI sees the handler's signature)."""
+
+    @functools.wraps(route.handler)
+    async def handle(request: Request, **params: Any) -> Any:
+        authorize(request, route.access)
+        return await route.handler(request, **params)
+
+    return handle
+
+
+# -- generation -----------------------------------------------------------------
+
+
+async def generate(request: Request, endpoint: Endpoint) -> Response:
+    parts = parts_of(request)
+    arrived_s = parts.clock()
+    body = await json_body(request, parts.settings.server.max_body_bytes)
+    counted = parts.metrics.requests
+    try:
+        prepared = prepare(
+            endpoint, body, max_tokens_cap=parts.settings.server.max_tokens_cap,
+            aliases=parts.aliases, served_models=parts.registry.models(), arrived_s=arrived_s,
+        )  # fmt: skip
+    except NotFound:
+        counted.labels("unknown", endpoint.value, "404").inc()
+        raise
+    try:
+        response = await unless_disconnected(request, parts.pipeline.serve(prepared))
+    except APIError as error:
+        counted.labels(prepared.requested_model, endpoint.value, str(error.status)).inc()
+        raise
+    counted.labels(prepared.requested_model, endpoint.value, str(response.status_code)).inc()
+    return response
+
+
+async def completions(request: Request) -> Response:
+    return await generate(request, Endpoint.COMPLETIONS)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await generate(request, Endpoint.CHAT)
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    parts = parts_of(request)
+    served = parts.registry.models()
+    listed = [alias for alias, model in parts.aliases.items() if model in served]
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "pdserve"}
+            for name in [*served, *listed]
+        ],
+    }
+
+
+# -- operations -----------------------------------------------------------------
+
+
+async def health(request: Request) -> dict[str, str]:
+    del request  # every handler takes the request: guarded() passes it by name
+    return {"status": "ok"}
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    registry = parts_of(request).metrics.prometheus
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# -- workers (agents register and heartbeat here) -------------------------------
+
+
+async def register_worker(request: Request) -> dict[str, Any]:
+    parts = parts_of(request)
+    registration = parsed(WorkerRegistration, await json_body(request, _ADMIN_BODY_BYTES))
+    previous = parts.registry.get(registration.worker_id)
+    try:
+        parts.registry.register(registration, parts.clock())
+    except RegistryFull as error:
+        raise Overloaded(str(error), retry_after_s=parts.settings.server.retry_after_s) from None
+    parts.prefixes.on_registered(
+        registration,
+        new_incarnation=previous is None
+        or previous.registration.incarnation != registration.incarnation,
+    )
+    log.info("worker %s registered (%s)", registration.worker_id, registration.role.value)
+    return {"registered": registration.worker_id}
+
+
+async def heartbeat(request: Request) -> Response:
+    parts = parts_of(request)
+    beat = parsed(WorkerHeartbeat, await json_body(request, _ADMIN_BODY_BYTES))
+    if not parts.registry.heartbeat(beat, parts.clock()):
+        return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
+    return JSONResponse({"ok": True})
+
+
+async def deregister_worker(request: Request, worker_id: str) -> dict[str, Any]:
+    parts = parts_of(request)
+    if not parts.registry.deregister(worker_id):
+        raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
+    parts.forget_worker(worker_id)
+    log.info("worker %s deregistered", worker_id)
+    return {"deregistered": worker_id}
+
+
+async def list_workers(request: Request) -> dict[str, Any]:
+    parts = parts_of(request)
+    now = parts.clock()
+    return {
+        "workers": [
+            {
+                **w.registration.model_dump(mode="json"),
+                "eligible": parts.registry.is_eligible(w, now),
+                "ready": w.ready,
+                "healthy": w.healthy,
+                "draining": w.draining,
+                "seen_s_ago": round(now - w.last_seen_s, 3),
+                "load": w.load.model_dump(),
+            }
+            for w in parts.registry.workers()
+        ]
+    }
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/completions", completions, Access.CLIENT),
+    Route("POST", "/v1/chat/completions", chat_completions, Access.CLIENT),
+    Route("GET", "/v1/models", list_models, Access.CLIENT),
+    Route("GET", "/health", health, Access.PUBLIC),
+    Route("GET", "/metrics", prometheus_metrics, Access.PUBLIC),
+    Route("POST", "/admin/workers/register", register_worker, Access.ADMIN),
+    Route("POST", "/admin/workers/heartbeat", heartbeat, Access.ADMIN),
+    Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.ADMIN),
+    Route("GET", "/admin/workers", list_workers, Access.ADMIN),
+)

@@ -1,0 +1,306 @@
+"""The orchestrate stage: the prefill phase, the decode phase, and what a failure means.
+
+Disaggregated request:
+1. prefill: the client's request with ``max_tokens=1`` and ``do_remote_decode``
+   goes to a prefill engine, which answers with a KV handoff;
+2. decode: the client's request plus the handoff goes to a decode engine, which
+   pulls the KV over NIXL and generates.
+A colocated pool, or the P/D decider sending a short prompt to the decode worker,
+runs the decode phase alone.
+
+Failure rules (``_triage`` applies them to every attempt of either phase):
+- an engine 4xx is the client's fault and is passed on as is;
+- a worker that is unreachable is marked unhealthy at once;
+- a failed prefill (unreachable, 5xx, bad handoff) is retried on another prefill
+  worker, up to ``prefill_retries``;
+- a decode that fails before its first byte is retried on another decode worker with
+  the same handoff; after the first byte the relay sends an SSE error;
+- a handoff is never forwarded past its lease: before each decode attempt an expired
+  one is re-prefilled (``_renewed``, at most ``kv_lease_reprefills`` times, counted),
+  since the producer may have reused its blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+
+from contracts.workers import WorkerRole
+from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
+from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
+from router.load import InFlightLoad, Ticket
+from router.metrics import RouterMetrics
+from router.prepare import PreparedRequest
+from router.prompt_blocks import PromptBlocks
+from router.registry import Pools, WorkerRegistry, WorkerState
+from router.relay import SSE_HEADERS, StreamStats, relay_sse
+from router.schedule import Scheduler
+from router.scheduling_plugins import Decision
+from router.settings import RouterSettings
+from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+
+_ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's request reshaped for a prefill-only engine call."""
+    request = dict(body)
+    for key in ("stream_options", "max_completion_tokens", "min_tokens", "n"):
+        request.pop(key, None)
+    request["stream"] = False
+    request["max_tokens"] = 1
+    request["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
+    return request
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        registry: WorkerRegistry,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        scheduler: Scheduler,
+        load: InFlightLoad,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._timeouts = settings.upstream
+        self._leases = settings.leases
+        self._retry_after_s = settings.server.retry_after_s
+        self._registry = registry
+        self._upstream = upstream
+        self._metrics = metrics
+        self._scheduler = scheduler
+        self._load = load
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"Orchestrator(scheduler={self._scheduler!r})"
+
+    async def serve(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Response:
+        if pools.disaggregated:
+            decode = self._pick(request, WorkerRole.DECODE, pools.decode, blocks)
+            if decode is not None and self._scheduler.prefill_on_decode(decode):
+                return await self._decode_phase(
+                    request, pools.decode, blocks, mode="decode_local", first=decode
+                )
+            handoff = await self._prefill_phase(request, pools.prefill, blocks)
+            return await self._decode_phase(
+                request, pools.decode, blocks, mode="disaggregated", first=decode,
+                handoff=handoff, prefill_pool=pools.prefill,
+            )  # fmt: skip
+        if pools.colocated:
+            return await self._decode_phase(request, pools.colocated, blocks, mode="colocated")
+        missing = "prefill" if pools.decode else "decode" if pools.prefill else "any"
+        raise NoCapacity(
+            f"no ready {missing} worker for model {request.model!r}; retry shortly",
+            code="no_ready_worker",
+            retry_after_s=self._retry_after_s,
+        )
+
+    def _pick(
+        self,
+        request: PreparedRequest,
+        role: WorkerRole,
+        pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        tried: Collection[str] = (),
+    ) -> Decision | None:
+        key = request.routing_key
+        decision = self._scheduler.pick(key, role, pool, blocks, tried)
+        if decision is not None:
+            policy = self._scheduler.policy_of(key)
+            self._metrics.routing_decisions.labels(key, role.value, policy, decision.reason).inc()
+        return decision
+
+    async def _prefill_phase(
+        self, request: PreparedRequest, pool: Sequence[WorkerState], blocks: PromptBlocks
+    ) -> KVHandoff:
+        body = json.dumps(prefill_body(request.body)).encode()
+        tried: list[str] = []
+        failures: list[str] = []
+        for attempt in range(1 + self._timeouts.prefill_retries):
+            decision = self._pick(request, WorkerRole.PREFILL, pool, blocks, tried)
+            if decision is None:
+                break
+            worker = decision.worker
+            if attempt:
+                self._metrics.prefill_retries.labels(request.model).inc()
+            tried.append(worker.worker_id)
+            self._scheduler.place(blocks, decision)
+            started_s = self._clock()
+            try:
+                with self._load.begin(worker.worker_id, decision.uncached_tokens):
+                    payload = await self._upstream.post_json(
+                        worker.engine_url + request.path, body,
+                        timeout_s=self._timeouts.prefill_timeout_s,
+                    )  # fmt: skip
+                handoff = _handoff_in(payload, issued_at_s=self._clock())
+            except _ATTEMPT_FAILURES as error:
+                failures.append(self._triage(worker, error))
+                continue
+            self._metrics.prefill_latency.labels(request.model).observe(self._clock() - started_s)
+            return handoff
+        raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
+
+    async def _decode_phase(
+        self,
+        request: PreparedRequest,
+        pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        *,
+        mode: str,
+        first: Decision | None = None,
+        handoff: KVHandoff | None = None,
+        prefill_pool: Sequence[WorkerState] = (),
+    ) -> Response:
+        role = pool[0].role
+        tried: list[str] = []
+        failures: list[str] = []
+        reprefills_left, lease_s = self._leases.kv_lease_reprefills, self._leases.kv_lease_s
+        for _ in range(len(pool)):
+            if handoff is not None and not handoff.lease_holds(self._clock(), lease_s):
+                handoff = await self._renewed(request, prefill_pool, blocks, reprefills_left)
+                reprefills_left -= 1
+            decision = first if first is not None and not tried else None
+            decision = decision or self._pick(request, role, pool, blocks, tried)
+            if decision is None:
+                break
+            tried.append(decision.worker.worker_id)
+            self._scheduler.place(blocks, decision)
+            try:
+                return await self._answer(request, decision, handoff, mode)
+            except _ATTEMPT_FAILURES as error:
+                failures.append(self._triage(decision.worker, error))
+        if failures:
+            raise UpstreamFailed(
+                f"{role.value} failed before its first byte: " + "; ".join(failures),
+                code="decode_failed",
+            )
+        raise NoCapacity("no worker left to try", retry_after_s=self._retry_after_s)
+
+    async def _renewed(
+        self,
+        request: PreparedRequest,
+        prefill_pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        reprefills_left: int,
+    ) -> KVHandoff:
+        """The one re-prefill path: a handoff past its lease may point at reused blocks."""
+        if reprefills_left <= 0:
+            raise UpstreamFailed(
+                "the KV handoff outlived its lease and no re-prefill is left "
+                f"(kv_lease_reprefills={self._leases.kv_lease_reprefills})",
+                code="decode_failed",
+            )
+        self._metrics.kv_lease_reprefills.labels(request.model).inc()
+        return await self._prefill_phase(request, prefill_pool, blocks)
+
+    async def _answer(
+        self,
+        request: PreparedRequest,
+        decision: Decision,
+        handoff: KVHandoff | None,
+        mode: str,
+    ) -> Response:
+        worker = decision.worker
+        body = request.body
+        if handoff is not None:
+            body = {**body, "kv_transfer_params": handoff.to_decode_params()}
+        payload = json.dumps(body).encode()
+        # A decode that pulls KV computes nothing; otherwise the worker prefills.
+        ticket = self._load.begin(
+            worker.worker_id, 0 if handoff is not None else decision.uncached_tokens
+        )
+        if not request.stream:
+            with ticket:
+                return await self._complete(request, worker, payload, mode)
+        try:
+            return await self._stream(request, worker, payload, mode, handoff, ticket)
+        except BaseException:
+            ticket.end()
+            raise
+
+    def _triage(self, worker: WorkerState, error: Exception) -> str:
+        """Count a failed attempt and say what happened; an engine 4xx is re-raised."""
+        if isinstance(error, EngineUnreachable):
+            self._worker_failed(worker, "unreachable")
+            return f"{worker.worker_id}: unreachable ({error})"
+        if isinstance(error, EngineHTTPError):
+            if error.status < 500:
+                raise UpstreamRejected(error.status, error.body) from None
+            self._metrics.upstream_failures.labels(worker.role.value, f"http_{error.status}").inc()
+            return f"{worker.worker_id}: HTTP {error.status}"
+        self._metrics.upstream_failures.labels(worker.role.value, "bad_handoff").inc()
+        return f"{worker.worker_id}: {error}"
+
+    async def _complete(
+        self, request: PreparedRequest, worker: WorkerState, body: bytes, mode: str
+    ) -> Response:
+        payload = await self._upstream.post_json(
+            worker.engine_url + request.path, body,
+            timeout_s=self._timeouts.first_token_timeout_s,
+        )  # fmt: skip
+        elapsed_s = self._clock() - request.arrived_s
+        self._metrics.ttft.labels(request.model, mode).observe(elapsed_s)
+        self._metrics.e2e.labels(request.model, mode).observe(elapsed_s)
+        return Response(content=payload, media_type="application/json")
+
+    async def _stream(
+        self,
+        request: PreparedRequest,
+        worker: WorkerState,
+        body: bytes,
+        mode: str,
+        handoff: KVHandoff | None,
+        ticket: Ticket,
+    ) -> StreamingResponse:
+        first_byte_timeout_s = self._timeouts.first_token_timeout_s
+        if handoff is not None and self._leases.kv_lease_guard:
+            # A decode that has not produced its first token when the producer's lease
+            # ends may pull blocks that were already reused (vLLM then logs "potentially
+            # invalid KV blocks"): fail it rather than relay output from garbage KV.
+            lease_left_s = self._leases.kv_lease_s - (self._clock() - handoff.issued_at_s)
+            first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
+        response, first = await self._upstream.open_stream(
+            worker.engine_url + request.path,
+            body,
+            first_byte_timeout_s=first_byte_timeout_s,
+            idle_timeout_s=self._timeouts.stream_idle_timeout_s,
+        )
+        model, metrics = request.model, self._metrics
+
+        def on_end(stats: StreamStats) -> None:
+            ticket.end()
+            if stats.first_byte_s is not None:
+                metrics.ttft.labels(model, mode).observe(stats.first_byte_s - request.arrived_s)
+            metrics.e2e.labels(model, mode).observe(self._clock() - request.arrived_s)
+            metrics.output_chunks.labels(model).inc(stats.events)
+            if stats.failure:
+                metrics.stream_errors.labels(model).inc()
+                self._worker_failed(worker, "stream_broken")
+
+        stream = relay_sse(
+            response, first, stats=StreamStats(started_s=request.arrived_s),
+            on_gap=metrics.itl.labels(model).observe, on_end=on_end, clock=self._clock,
+        )  # fmt: skip
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _worker_failed(self, worker: WorkerState, kind: str) -> None:
+        self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
+        self._registry.mark_unhealthy(worker.worker_id)
+
+
+def _handoff_in(payload: bytes, *, issued_at_s: float) -> KVHandoff:
+    try:
+        answer = json.loads(payload)
+    except ValueError:
+        raise InvalidHandoff("the prefill answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise InvalidHandoff("the prefill answer is not a JSON object")
+    return parse_handoff(answer.get("kv_transfer_params"), issued_at_s=issued_at_s)

@@ -1,0 +1,69 @@
+"""A generation request's path through the router, stage by stage.
+
+    api -> prepare -> [fan_out] -> measure_prompt -> admit -> schedule + orchestrate -> relay
+
+``api.py`` reads and authorizes the body and calls ``prepare``; this module runs the
+rest for each choice: the pools that would serve it now, its prompt measured with that
+pool's tokenizer, admission, then the orchestrator (which asks the scheduler for each
+worker and relays the answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from fastapi.responses import Response
+
+from router.admit import Admission
+from router.fan_out import serve_choices, split_choices
+from router.orchestrate import Orchestrator
+from router.prepare import PreparedRequest, measure_prompt
+from router.prompt_blocks import BlockHashers
+from router.registry import WorkerRegistry
+from router.settings import ServerSettings
+
+
+class RequestPipeline:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        registry: WorkerRegistry,
+        hashers: BlockHashers,
+        admission: Admission,
+        orchestrator: Orchestrator,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._hashers = hashers
+        self._admission = admission
+        self._orchestrator = orchestrator
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
+
+    async def serve(self, request: PreparedRequest) -> Response:
+        choices = split_choices(
+            request.body, chat=request.chat, max_choices=self._settings.max_choices_per_request
+        )
+        if choices is None:
+            return await self.serve_one(request)
+        include_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
+        return await serve_choices(
+            choices, lambda body: self.serve_one(dataclasses.replace(request, body=body)),
+            stream=request.stream, include_usage=include_usage,
+        )  # fmt: skip
+
+    async def serve_one(self, request: PreparedRequest) -> Response:
+        """One choice: measure, admit, schedule and orchestrate."""
+        pools = self._registry.pools(request.model, self._clock())
+        blocks = await measure_prompt(
+            request, pools.first_hop, self._hashers,
+            offload_chars=self._settings.tokenize_offload_chars,
+        )  # fmt: skip
+        await self._admission.admit(request, pools, blocks)
+        return await self._orchestrator.serve(request, pools, blocks)

@@ -1,0 +1,141 @@
+"""The prepare stage: from a client's body to a typed request the pipeline can route.
+
+Two steps, because a request for several choices is split between them (fan_out.py):
+- ``prepare``: validate the fields the router reads, resolve an alias to the served
+  model, 404 an unknown model. Once per request.
+- ``measure_prompt``: tokenize as vLLM does (the pool's tokenizer and chat template),
+  apply the context-length guard, and cut the ids into hashed blocks. Once per choice,
+  with the pool that will serve it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
+from router.context_window import check_prompt_chars, check_prompt_tokens, context_limit
+from router.errors import InvalidRequest, NotFound
+from router.prompt_blocks import BlockHashers, PromptBlocks
+from router.registry import WorkerState
+from router.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, validate
+
+
+class Endpoint(enum.Enum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self is Endpoint.CHAT else "/v1/completions"
+
+    @property
+    def schema(self) -> type[GenerationRequest]:
+        return ChatCompletionRequest if self is Endpoint.CHAT else CompletionRequest
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self is Endpoint.CHAT else "prompt"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """One validated client request (or one choice of it), ready to admit and route."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]  # what the engines get: the client's fields, the served model name
+    model: str  # the served model
+    stream: bool
+    arrived_s: float
+    # The name the client asked for: the model, or an alias with a routing policy of its own.
+    requested_model: str
+
+    @property
+    def path(self) -> str:
+        return self.endpoint.path
+
+    @property
+    def chat(self) -> bool:
+        return self.endpoint is Endpoint.CHAT
+
+    @property
+    def routing_key(self) -> str:
+        return self.requested_model
+
+
+def prepare(
+    endpoint: Endpoint,
+    body: Any,
+    *,
+    max_tokens_cap: int,
+    aliases: Mapping[str, str],
+    served_models: Collection[str],
+    arrived_s: float,
+) -> PreparedRequest:
+    parsed = validate(endpoint.schema, body, max_tokens_cap=max_tokens_cap)
+    served = aliases.get(parsed.model, parsed.model)
+    if served != parsed.model:
+        body = {**body, "model": served}  # engines know the served name only
+    if served not in served_models:
+        raise NotFound(
+            f"model {parsed.model!r} is not served here; see GET /v1/models",
+            param="model",
+            code="model_not_found",
+        )
+    return PreparedRequest(
+        endpoint=endpoint, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
+        requested_model=parsed.model,
+    )  # fmt: skip
+
+
+async def measure_prompt(
+    request: PreparedRequest,
+    workers: Sequence[WorkerState],
+    hashers: BlockHashers,
+    *,
+    offload_chars: int,
+) -> PromptBlocks:
+    """The prompt's hashed blocks, with the pool's tokenizer, block size and hash."""
+    registration = next((w.registration for w in workers if w.registration.block_size), None)
+    if registration is None or registration.tokenizer_path is None:
+        return PromptBlocks.unknown()
+    tokenizer = load_tokenizer(registration.tokenizer_path)
+    limit = context_limit(workers)
+    param = request.endpoint.prompt_param
+    chars = _prompt_chars(request)
+    if limit:
+        check_prompt_chars(chars, limit, tokenizer.max_chars_per_token, param)
+    try:
+        if chars > offload_chars:
+            # Long prompts tokenize in a thread (the Rust tokenizer drops the GIL),
+            # so one huge prompt does not stall every stream on the event loop.
+            ids = await asyncio.to_thread(_token_ids, tokenizer, request)
+        else:
+            ids = _token_ids(tokenizer, request)
+    except (PromptError, TypeError, AttributeError) as error:
+        raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
+    if limit:
+        check_prompt_tokens(len(ids), limit, param)
+    assert registration.block_size is not None
+    return hashers.blocks(
+        ids, block_size=registration.block_size,
+        algorithm=registration.prefix_caching_hash_algo, seed=registration.prefix_hash_seed,
+    )  # fmt: skip
+
+
+def _token_ids(tokenizer: ModelTokenizer, request: PreparedRequest) -> list[int]:
+    return tokenizer.request_ids(request.body, chat=request.chat)
+
+
+def _prompt_chars(request: PreparedRequest) -> int:
+    """The prompt's length in characters, for the guard that runs before tokenizing.
+
+    Read from the endpoint's own field: a chat field on /v1/completions is ignored."""
+    if request.chat:
+        messages = request.body.get("messages") or ()
+        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+    prompt = request.body.get("prompt")
+    return len(prompt) if isinstance(prompt, str | list) else 0

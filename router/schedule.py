@@ -1,0 +1,100 @@
+"""The schedule stage: which worker of a pool serves a request, and whether to disaggregate.
+
+For a pool it builds one candidate per eligible worker (the blocks the prefix tracker
+says it holds, the load this router has in flight there), runs the model's policy
+(``scheduling_plugins``), and counts the choice. ``place`` is the other half: the chosen
+worker is about to compute or receive the prompt, so the tracker records it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from contracts.workers import WorkerRole
+from router.load import InFlightLoad
+from router.prefix_tracking import PrefixTracker
+from router.prompt_blocks import PromptBlocks
+from router.registry import WorkerState
+from router.routing_stats import RoutingStats
+from router.scheduling_plugins import (
+    DECIDERS,
+    Decision,
+    DisaggThresholds,
+    PickContext,
+    RouteQuery,
+    choose,
+    parse_weights,
+)
+from router.settings import RoutingSettings
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: RoutingSettings,
+        *,
+        load: InFlightLoad,
+        prefixes: PrefixTracker,
+        stats: RoutingStats,
+    ) -> None:
+        self._settings = settings
+        self._load = load
+        self._prefixes = prefixes
+        self._stats = stats
+        self._policies = settings.policies_by_model()  # parsed once, not per request
+        self._weights = {
+            WorkerRole.DECODE: parse_weights(settings.decode_scorers),
+            WorkerRole.PREFILL: parse_weights(settings.prefill_scorers),
+            WorkerRole.COLOCATED: parse_weights(settings.prefill_scorers),
+        }
+        self._decider = DECIDERS[settings.pd_decider]
+        self._thresholds = DisaggThresholds(
+            max_uncached_tokens=settings.conditional_disagg_max_uncached_tokens,
+            max_kv_usage=settings.conditional_disagg_max_kv_usage,
+        )
+        self._turns: dict[tuple[str, WorkerRole], int] = {}
+
+    def __repr__(self) -> str:
+        return f"Scheduler(policy={self._settings.routing_policy!r}, by_model={self._policies})"
+
+    def policy_of(self, routing_key: str) -> str:
+        return self._policies.get(routing_key, self._settings.routing_policy)
+
+    def pick(
+        self,
+        routing_key: str,
+        role: WorkerRole,
+        workers: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        exclude: Collection[str] = (),
+    ) -> Decision | None:
+        if all(w.worker_id in exclude for w in workers):
+            return None
+        query = RouteQuery(
+            prompt_tokens=max(1, blocks.token_count),
+            block_size=blocks.block_size,
+            matched=self._prefixes.match(blocks),
+        )
+        turn = self._turns.get((routing_key, role), 0)
+        self._turns[(routing_key, role)] = turn + 1
+        settings = self._settings
+        context = PickContext(
+            query=query, turn=turn, weights=self._weights[role],
+            epsilon=settings.bounded_load_epsilon, load_floor=settings.bounded_load_floor,
+            token_floor=settings.bounded_load_token_floor,
+        )  # fmt: skip
+        decision = choose(self.policy_of(routing_key), workers, context, self._load.of, exclude)
+        if decision is None:
+            return None
+        self._stats.chosen(role, decision.worker.worker_id)
+        return decision
+
+    def place(self, blocks: PromptBlocks, decision: Decision) -> None:
+        """The chosen worker is about to compute or receive these blocks."""
+        worker_id = decision.worker.worker_id
+        self._stats.routed(worker_id, blocks.token_count, decision.uncached_tokens)
+        self._prefixes.record(worker_id, blocks)
+
+    def prefill_on_decode(self, decode: Decision) -> bool:
+        """The P/D decider: serve this request on the decode worker alone?"""
+        return self._decider(decode, self._thresholds)
