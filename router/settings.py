@@ -230,9 +230,7 @@ class RoutingSettings(_Group):
     @model_validator(mode="after")
     def _check_names(self) -> RoutingSettings:
         if self.routing_policy not in POLICIES:
-            raise ValueError(
-                f"routing_policy {self.routing_policy!r}; known: {sorted(POLICIES)}"
-            )
+            raise ValueError(f"routing_policy {self.routing_policy!r}; known: {sorted(POLICIES)}")
         for model, policy in self.policies_by_model().items():
             if policy not in POLICIES:
                 raise ValueError(
