@@ -60,6 +60,22 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
                         "polling again (0: NIXL's busy poll, a whole core per engine)")  # fmt: skip
 
 
+def agent_argv(role: str, **flags: object) -> list[str]:
+    """The agent command line (``pdserve <role> ...``) for flag values given by their
+    argparse names, so a launcher never spells a flag itself. None leaves a flag out."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(parser)
+    add_transport_arguments(parser)
+    spelled = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    argv = [role]
+    for dest, value in flags.items():
+        if dest not in spelled:
+            raise ValueError(f"the agent has no flag for {dest!r}")
+        if value is not None:
+            argv += [spelled[dest], str(value)]
+    return argv
+
+
 def base_spec_fields(args: argparse.Namespace) -> dict:
     extra = [a for a in args.engine_args if a != "--"]
     return {

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
+from agent import process_group
 from agent.engine_spec import EngineSpec
 from agent.placement import placement_violations
 
@@ -87,15 +88,9 @@ class EngineSupervisor:
 
     async def _run_once(self) -> None:
         self.incarnation += 1
-        with self._log_path.open("ab") as log_file:
-            self._process = await asyncio.create_subprocess_exec(
-                *self.spec.argv(),
-                env=self.spec.env(dict(os.environ)),
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._process = await process_group.spawn_async(
+            self.spec.argv(), env=self.spec.env(dict(os.environ)), log_path=self._log_path
+        )
         log.info("engine started pid=%d port=%d", self._process.pid, self.spec.port)
         try:
             if await self._wait_ready() and await self._placed_as_assigned():
@@ -157,10 +152,8 @@ class EngineSupervisor:
         self._kill_group(signal.SIGKILL)
 
     def _kill_group(self, sig: signal.Signals) -> None:
-        if self._process is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, sig)
+        if self._process is not None:
+            process_group.signal_group(self._process.pid, sig)
 
 
 async def _answers(session: aiohttp.ClientSession, url: str) -> bool:

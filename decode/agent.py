@@ -1,7 +1,10 @@
-"""Decode role: pull prompt KV from a producer over NIXL and stream tokens.
+"""Decode role: one vLLM as NixlConnector ``kv_consumer``, pulling prompt KV and streaming.
 
-Decode-side admission by KV headroom arrives with cache-aware routing; today the
-router reads headroom from this agent's heartbeats (``kv_cache_usage_perc``).
+What differs from prefill is the connector role alone: vLLM 0.32 reads the same
+transport settings on both sides (the consumer renews the producer's block lease by
+heartbeat, so both need ``--kv-lease-s``). KV headroom is reported in this agent's
+heartbeats (``kv_cache_usage_perc``); the router's decode scorers read it, and decode
+admission by headroom is the router's ``admit`` stage (issue 16), not an agent duty.
 """
 
 from __future__ import annotations

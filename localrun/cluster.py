@@ -11,11 +11,9 @@ Nothing outlives ``stop()``: stragglers are SIGKILLed by process group.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agent import process_group
+from agent.runner import agent_argv
 from localrun.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
@@ -123,9 +123,10 @@ class LocalCluster:
             ["router", "--host", self.plan.host, "--port", str(self.plan.port)],
             self.plan.router_env,
         )
-        _wait_until(
-            lambda: _http_ok(self.router_url + "/health"), 120, "router", stopping, self.router
-        )
+        process_group.wait_until(
+            lambda: process_group.http_ok(self.router_url + "/health", timeout_s=1),
+            timeout_s=120, what="router", process=self.router, stopping=stopping,
+        )  # fmt: skip
         self._say(
             f"[2/3] {len(self.workers)} worker(s): "
             + ", ".join(f"{w.name}@{w.engine_port} cores {w.cores}" for w in self.workers)
@@ -137,26 +138,19 @@ class LocalCluster:
 
     def _agent_argv(self, w: WorkerPlan) -> list[str]:
         p = self.plan
-        argv = [
-            w.role, "--model", str(p.model_path), "--served-model-name", w.served_name,
-            "--port", str(w.engine_port), "--router-url", self.router_url,
-            "--worker-id", w.name, "--cores", w.cores,
-            "--kv-cache-gib", str(p.kv_cache_gib), "--max-model-len", str(p.max_model_len),
-            "--ready-timeout-s", str(p.ready_timeout_s),
-            "--heartbeat-interval-s", str(p.heartbeat_interval_s),
-            "--drain-timeout-s", str(p.drain_timeout_s),
-            "--engine", p.engine, "--sim-profile", p.sim_profile,
-            "--log-file", str(self.run_dir / f"{w.name}.engine.log"),
-        ]  # fmt: skip
-        if p.block_size:
-            argv += ["--block-size", str(p.block_size)]
-        if p.kv_events:
+        pd = w.role != "colocated"
+        return agent_argv(
+            w.role, model=str(p.model_path), served_model_name=w.served_name,
+            port=w.engine_port, router_url=self.router_url, worker_id=w.name, cores=w.cores,
+            kv_cache_gib=p.kv_cache_gib, max_model_len=p.max_model_len,
+            ready_timeout_s=p.ready_timeout_s, heartbeat_interval_s=p.heartbeat_interval_s,
+            drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,
+            log_file=self.run_dir / f"{w.name}.engine.log", block_size=p.block_size or None,
             # The events carry prompt token ids: published on loopback only.
-            argv += ["--kv-events-endpoint", f"tcp://127.0.0.1:{w.kv_events_port}"]
-        if w.role != "colocated":
-            argv += ["--side-channel-port", str(w.side_channel_port),
-                     "--kv-lease-s", str(p.kv_lease_s)]  # fmt: skip
-        return argv
+            kv_events_endpoint=f"tcp://127.0.0.1:{w.kv_events_port}" if p.kv_events else None,
+            side_channel_port=w.side_channel_port if pd else None,
+            kv_lease_s=p.kv_lease_s if pd else None,
+        )  # fmt: skip
 
     def _wait_ready(self, stopping: Callable[[], bool]) -> None:
         self._say("[3/3] waiting for vLLM to load weights (30-60 s per engine on CPU)")
@@ -216,28 +210,17 @@ class LocalCluster:
         return self.router is not None and self.router.poll() is None
 
     def stop(self) -> None:
-        for agent in self.agents.values():
-            _signal_group(agent, signal.SIGTERM)
-        # Agents drain (bounded by drain_timeout_s) and stop their engines.
-        _wait_all(list(self.agents.values()), timeout_s=self.plan.drain_timeout_s + 30)
-        for agent in self.agents.values():
-            _signal_group(agent, signal.SIGKILL)
+        # Agents drain (bounded by drain_timeout_s) and stop their engines; then the router.
+        process_group.stop(list(self.agents.values()), grace_s=self.plan.drain_timeout_s + 30)
         if self.router is not None:
-            _signal_group(self.router, signal.SIGTERM)
-            _wait_all([self.router], timeout_s=15)
-            _signal_group(self.router, signal.SIGKILL)
+            process_group.stop([self.router], grace_s=15)
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
-        env = dict(os.environ, **extra_env, PDSERVE_ADMIN_TOKEN=self.admin_token)
-        with (self.run_dir / f"{name}.log").open("ab") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "cli.main", *argv],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        return process_group.spawn(
+            [sys.executable, "-m", "cli.main", *argv],
+            env=dict(os.environ, **extra_env, PDSERVE_ADMIN_TOKEN=self.admin_token),
+            log_path=self.run_dir / f"{name}.log",
+        )
 
     def _write_cluster_file(self) -> None:
         token_file = self.run_dir / "admin_token"
@@ -252,41 +235,3 @@ class LocalCluster:
             "admin_token_file": str(token_file),
             "workers": [dict(asdict(w), agent_pid=self.agents[w.name].pid) for w in self.workers],
         }, indent=2))  # fmt: skip
-
-
-def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
-
-
-def _wait_all(processes: list[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
-def _wait_until(
-    check: Callable[[], bool],
-    timeout_s: float,
-    what: str,
-    stopping: Callable[[], bool],
-    process: subprocess.Popen,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if stopping():
-            return
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {process.returncode}; see its log")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not up after {timeout_s:.0f}s")
-        time.sleep(0.2)

@@ -1,4 +1,9 @@
-"""Prefill role: compute prompt KV and keep it under a lease for a remote decode."""
+"""Prefill role: one vLLM as NixlConnector ``kv_producer``, holding prompt KV for a decode.
+
+The producer keeps a prompt's blocks for ``--kv-lease-s`` until a decode pulls them
+(vLLM aborts and frees them after that); the router never forwards a handoff older
+than its own lease (``kv_lease_s``, at most this one).
+"""
 
 from __future__ import annotations
 

@@ -35,6 +35,13 @@ class RouterMetrics:
         self.requests = Counter(
             "pdserve_requests", "Requests by outcome", ["model", "endpoint", "status"], registry=r
         )
+        self._declare_latencies(r)
+        self._declare_counters(r)
+        r.register(_WorkerCollector(registry, clock))
+        r.register(_RoutingCollector(registry, load, index, stats))
+
+
+    def _declare_latencies(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
             "pdserve_time_to_first_token_seconds",
             "Arrival to first streamed byte, or to the whole answer when not streamed",
@@ -63,6 +70,8 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+
+    def _declare_counters(self, r: CollectorRegistry) -> None:
         self.output_chunks = Counter(
             "pdserve_output_chunks", "Streamed SSE events relayed", ["model"], registry=r
         )
@@ -98,9 +107,6 @@ class RouterMetrics:
             ["model", "pool", "policy", "reason"],
             registry=r,
         )
-        r.register(_WorkerCollector(registry, clock))
-        r.register(_RoutingCollector(registry, load, index, stats))
-
 
 class _WorkerCollector(Collector):
     """Worker counts and engine load, read from the registry at scrape time."""

@@ -4,9 +4,10 @@ Invariants:
 - a block is *in use* while ``ref_count > 0``; in-use blocks are never evicted;
 - a freed block that holds a full, hashed prompt block stays findable by its hash
   (a prefix-cache hit revives it) until it is evicted, least recently freed first;
-- every block that becomes findable emits ``BlockStored`` and every findable block
-  that is evicted emits ``BlockRemoved``, in order, into ``events`` for a publisher
-  to drain with ``take_events()``; this module does no I/O.
+- every block that becomes findable emits ``PoolBlocksStored`` and every findable block
+  that is evicted emits ``PoolBlocksEvicted``, in order, into ``events`` for a publisher
+  to drain with ``take_events()``; this module does no I/O. They carry the pool's own
+  hashes; ``sim/kv_events.py`` turns them into the wire types of ``contracts.kv_events``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contracts.block_hashing import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
-class BlockStored:
+class PoolBlocksStored:
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
     token_ids: tuple[int, ...]
@@ -26,16 +27,16 @@ class BlockStored:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class PoolBlocksEvicted:
     block_hashes: tuple[BlockHash, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class PoolCleared:
     pass
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+PoolEvent = PoolBlocksStored | PoolBlocksEvicted | PoolCleared
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class KVBlockPool:
     # Blocks with ref_count 0, oldest-freed first; hashed ones are still findable.
     _free: OrderedDict[int, Block] = field(init=False)
     _by_hash: dict[BlockHash, Block] = field(init=False)
-    events: list[KVEvent] = field(init=False, default_factory=list)
+    events: list[PoolEvent] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -117,7 +118,7 @@ class KVBlockPool:
             self._by_hash[block_hash] = block
         first = hashes.index(new[0][1])
         self.events.append(
-            BlockStored(
+            PoolBlocksStored(
                 block_hashes=tuple(h for _, h in new),
                 parent_block_hash=hashes[first - 1] if first else None,
                 token_ids=tuple(token_ids[first * self.block_size :
@@ -141,9 +142,9 @@ class KVBlockPool:
             if block.ref_count == 0 and block.block_hash is not None:
                 del self._by_hash[block.block_hash]
                 block.block_hash = None
-        self.events.append(AllBlocksCleared())
+        self.events.append(PoolCleared())
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         events, self.events = self.events, []
         return events
 
@@ -151,7 +152,7 @@ class KVBlockPool:
         _, block = self._free.popitem(last=False)
         if block.block_hash is not None:
             del self._by_hash[block.block_hash]
-            self.events.append(BlockRemoved(block_hashes=(block.block_hash,)))
+            self.events.append(PoolBlocksEvicted(block_hashes=(block.block_hash,)))
             block.block_hash = None
         block.ref_count = 1
         return block

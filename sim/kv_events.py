@@ -14,12 +14,12 @@ import zmq
 
 from contracts import kv_events as wire
 from contracts.block_hashing import external_block_hash
-from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from sim.kv_cache import PoolBlocksEvicted, PoolBlocksStored, PoolCleared, PoolEvent
 
 
-def to_wire(event: KVEvent) -> wire.WireEvent:
+def to_wire(event: PoolEvent) -> wire.WireEvent:
     """The pool's event with its hashes in the external (64-bit) form vLLM publishes."""
-    if isinstance(event, BlockStored):
+    if isinstance(event, PoolBlocksStored):
         parent = event.parent_block_hash
         return wire.BlocksStored(
             block_hashes=tuple(external_block_hash(h) for h in event.block_hashes),
@@ -27,14 +27,14 @@ def to_wire(event: KVEvent) -> wire.WireEvent:
             token_ids=event.token_ids,
             block_size=event.block_size,
         )
-    if isinstance(event, BlockRemoved):
+    if isinstance(event, PoolBlocksEvicted):
         return wire.BlocksRemoved(tuple(external_block_hash(h) for h in event.block_hashes))
-    if isinstance(event, AllBlocksCleared):
+    if isinstance(event, PoolCleared):
         return wire.AllBlocksCleared()
     raise TypeError(f"not a KV event: {event!r}")
 
 
-def encode_batch(events: list[KVEvent], ts: float) -> bytes:
+def encode_batch(events: list[PoolEvent], ts: float) -> bytes:
     return wire.encode_batch([to_wire(e) for e in events], ts)
 
 
@@ -62,7 +62,7 @@ class KVEventPublisher:
     def __repr__(self) -> str:
         return f"KVEventPublisher(topic={self._topic!r})"
 
-    def publish(self, events: list[KVEvent], *, lost: bool = False) -> None:
+    def publish(self, events: list[PoolEvent], *, lost: bool = False) -> None:
         """Send one batch; ``lost`` (fault injection) spends its sequence number and
         sends nothing, as a batch lost on the way would, so subscribers see the gap."""
         if not events:

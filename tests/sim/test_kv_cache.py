@@ -1,7 +1,7 @@
 import pytest
 
 from contracts.block_hashing import block_hashes, none_hash, sha256_pickle
-from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVBlockPool
+from sim.kv_cache import KVBlockPool, PoolBlocksEvicted, PoolBlocksStored, PoolCleared
 
 ROOT = none_hash(sha256_pickle)
 
@@ -35,19 +35,19 @@ def test_store_and_eviction_emit_vllm_style_events_in_order():
     run_sequence(pool, [1, 2, 3, 4, 5, 6, 7, 8])
     stored = pool.take_events()
     a, b = hashes([1, 2, 3, 4, 5, 6, 7, 8])
-    assert stored == [BlockStored((a, b), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)]
+    assert stored == [PoolBlocksStored((a, b), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)]
     run_sequence(pool, [9, 9, 9, 9])  # needs one block: evicts the least recently freed
     events = pool.take_events()
-    assert isinstance(events[0], BlockRemoved)
-    assert isinstance(events[1], BlockStored) and events[1].parent_block_hash is None
+    assert isinstance(events[0], PoolBlocksEvicted)
+    assert isinstance(events[1], PoolBlocksStored) and events[1].parent_block_hash is None
 
 
 def test_tail_blocks_are_evicted_before_their_prefix():
     pool = KVBlockPool(num_blocks=3, block_size=4)
     run_sequence(pool, list(range(12)))
     run_sequence(pool, [50] * 4)
-    removed = [e for e in pool.take_events() if isinstance(e, BlockRemoved)]
-    assert removed == [BlockRemoved((hashes(list(range(12)))[2],))]
+    removed = [e for e in pool.take_events() if isinstance(e, PoolBlocksEvicted)]
+    assert removed == [PoolBlocksEvicted((hashes(list(range(12)))[2],))]
     assert pool.cached_prefix_blocks(hashes(list(range(12)))) == 2
 
 
@@ -63,7 +63,7 @@ def test_clear_forgets_free_cached_blocks_and_says_so():
     run_sequence(pool, [1, 2, 3, 4])
     pool.take_events()
     pool.clear()
-    assert pool.take_events() == [AllBlocksCleared()]
+    assert pool.take_events() == [PoolCleared()]
     assert pool.cached_prefix_blocks(hashes([1, 2, 3, 4])) == 0
 
 
