@@ -9,7 +9,13 @@ import logging
 import aiohttp
 
 from agent.engine_load import parse_load
-from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration
+from contracts.workers import (
+    HeartbeatReply,
+    WorkerHeartbeat,
+    WorkerLoad,
+    WorkerRegistration,
+    WorkerRole,
+)
 
 log = logging.getLogger("pdserve.agent")
 
@@ -19,7 +25,8 @@ class RouterReporter:
 
     The router is the source of truth for routing, so every state change is
     pushed at once; the periodic heartbeat only refreshes load and liveness.
-    A 404 on heartbeat means the router restarted and forgot us: re-register.
+    A 404 on heartbeat means the router restarted and forgot us: re-register. A reply
+    naming another role (the pool's P:D ratio changed) sets ``role_wanted``.
     """
 
     def __init__(
@@ -41,6 +48,8 @@ class RouterReporter:
         self._session: aiohttp.ClientSession | None = None
         self.ready = False
         self.draining = False
+        self.wanted_role: WorkerRole | None = None
+        self.role_wanted = asyncio.Event()
 
     async def __aenter__(self) -> RouterReporter:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
@@ -58,6 +67,13 @@ class RouterReporter:
         if ready:
             await self._post("/admin/workers/register", self.registration.model_dump(mode="json"))
         await self.beat()
+
+    def become(self, registration: WorkerRegistration) -> None:
+        """Report as this (re-roled) worker from now on; registered once its engine is ready."""
+        self.registration = registration
+        self.ready = self.draining = False
+        self.wanted_role = None
+        self.role_wanted.clear()
 
     async def set_draining(self) -> None:
         self.draining = True
@@ -77,9 +93,24 @@ class RouterReporter:
             incarnation=self.registration.incarnation,
             load=load,
         )
-        status = await self._post("/admin/workers/heartbeat", heartbeat.model_dump(mode="json"))
+        status, reply = await self._exchange(
+            "/admin/workers/heartbeat", heartbeat.model_dump(mode="json")
+        )
         if status == 404 and self.ready and not self.draining:
             await self._post("/admin/workers/register", self.registration.model_dump(mode="json"))
+        if status == 200:
+            self._heed(reply)
+
+    def _heed(self, reply: object) -> None:
+        try:
+            wanted = HeartbeatReply.model_validate(reply).role
+        except ValueError:
+            return  # an older router's reply: nothing asked of us
+        if wanted is not None and wanted is not self.registration.role:
+            if self.wanted_role is None:
+                log.info("the router asks this worker to serve %s", wanted.value)
+            self.wanted_role = wanted
+            self.role_wanted.set()
 
     async def _scrape_load(self) -> WorkerLoad:
         assert self._session is not None
@@ -93,16 +124,21 @@ class RouterReporter:
         return WorkerLoad(known=False)
 
     async def _post(self, path: str, payload: dict) -> int | None:
+        status, _ = await self._exchange(path, payload)
+        return status
+
+    async def _exchange(self, path: str, payload: dict) -> tuple[int | None, object]:
         assert self._session is not None
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             async with self._session.post(
                 self._router_url + path, json=payload, headers=self._headers
             ) as response:
                 if response.status >= 400 and response.status != 404:
                     log.warning("router %s answered %d", path, response.status)
-                return response.status
+                reply = await response.json(content_type=None) if response.status == 200 else None
+                return response.status, reply
         log.warning("router unreachable at %s", self._router_url)
-        return None
+        return None, None
 
     async def engine_idle(self) -> bool:
         load = await self._scrape_load()

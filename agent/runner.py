@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.engine_spec import EngineSpec, detect_device
@@ -114,7 +116,25 @@ def nixl_spec(args: argparse.Namespace, kv_role: KVRole) -> EngineSpec:
     return EngineSpec(**fields, transport=transport)
 
 
-def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> int:
+KV_ROLES: dict[WorkerRole, KVRole] = {
+    WorkerRole.PREFILL: "kv_producer",
+    WorkerRole.DECODE: "kv_consumer",
+}
+
+
+def pd_respec(args: argparse.Namespace) -> Callable[[WorkerRole], EngineSpec]:
+    """How a P/D agent builds its engine for either role: a re-role changes the NIXL role
+    and nothing else (the side channel, lease and devices are the same flags)."""
+    return lambda role: nixl_spec(args, KV_ROLES[role])
+
+
+def run_agent(
+    role: WorkerRole,
+    spec: EngineSpec,
+    args: argparse.Namespace,
+    respec: Callable[[WorkerRole], EngineSpec] | None = None,
+) -> int:
+    """Serve ``role`` until SIGTERM; with ``respec``, switch roles when the router asks."""
     token = os.environ.get("PDSERVE_ADMIN_TOKEN", "")
     if not token:
         raise SystemExit("PDSERVE_ADMIN_TOKEN must be set: agents authenticate to the router")
@@ -123,7 +143,14 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         format=f"%(asctime)s %(levelname)s {role.value} %(message)s",
     )
     worker_id = args.worker_id or f"{role.value}-{spec.host}-{spec.port}"
-    registration = WorkerRegistration(
+    log_path = Path(args.log_file or f"{worker_id}.engine.log")
+    agent = _Agent(worker_id=worker_id, args=args, token=token, log_path=log_path, respec=respec)
+    asyncio.run(agent.serve(role, spec))
+    return 0
+
+
+def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerRegistration:
+    return WorkerRegistration(
         worker_id=worker_id,
         role=role,
         model=spec.served_model_name,
@@ -136,30 +163,44 @@ def run_agent(role: WorkerRole, spec: EngineSpec, args: argparse.Namespace) -> i
         kv_capacity_tokens=spec.kv_capacity_tokens(),
         max_model_len=spec.context_window(),
     )
-    log_path = Path(args.log_file or f"{worker_id}.engine.log")
-    asyncio.run(_main(spec, registration, args, token, log_path))
-    return 0
 
 
-async def _main(
-    spec: EngineSpec,
-    registration: WorkerRegistration,
-    args: argparse.Namespace,
-    token: str,
-    log_path: Path,
-) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Agent:
+    worker_id: str
+    args: argparse.Namespace
+    token: str
+    log_path: Path
+    respec: Callable[[WorkerRole], EngineSpec] | None
 
-    async with RouterReporter(
-        router_url=args.router_url,
-        admin_token=token,
-        registration=registration,
-        engine_url=registration.engine_url,
-        interval_s=args.heartbeat_interval_s,
-    ) as reporter:
+    async def serve(self, role: WorkerRole, spec: EngineSpec) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with RouterReporter(
+            router_url=self.args.router_url,
+            admin_token=self.token,
+            registration=_registration(self.worker_id, role, spec),
+            engine_url=f"http://{spec.host}:{spec.port}",
+            interval_s=self.args.heartbeat_interval_s,
+        ) as reporter:
+            incarnation = 0
+            while True:
+                incarnation = await self._serve_role(spec, reporter, stop, incarnation)
+                wanted = reporter.wanted_role
+                if stop.is_set() or wanted is None or self.respec is None:
+                    await reporter.beat()
+                    return
+                log.info("re-roling %s: %s -> %s", self.worker_id, role.value, wanted.value)
+                role, spec = wanted, self.respec(wanted)
+                reporter.become(_registration(self.worker_id, role, spec))
+
+    async def _serve_role(
+        self, spec: EngineSpec, reporter: RouterReporter, stop: asyncio.Event, incarnation: int
+    ) -> int:
+        """Run the engine until SIGTERM or a new role is asked for; drain; stop it.
+        Returns the last incarnation, so the next engine's is newer."""
         supervisor: EngineSupervisor
 
         async def on_state(ready: bool) -> None:
@@ -169,22 +210,25 @@ async def _main(
 
         supervisor = EngineSupervisor(
             spec=spec,
-            log_path=log_path,
+            log_path=self.log_path,
             on_state=on_state,
-            policy=SupervisorPolicy(ready_timeout_s=args.ready_timeout_s),
+            policy=SupervisorPolicy(ready_timeout_s=self.args.ready_timeout_s),
         )
+        supervisor.incarnation = incarnation
         tasks = [asyncio.create_task(supervisor.run()), asyncio.create_task(reporter.run())]
-        await stop.wait()
-        log.info("SIGTERM: draining %s", registration.worker_id)
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(reporter.role_wanted.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        why = "SIGTERM" if stop.is_set() else "re-role"
+        log.info("%s: draining %s", why, self.worker_id)
         await reporter.set_draining()
-        await _drain(reporter, args.drain_timeout_s)
+        await _drain(reporter, self.args.drain_timeout_s)
         await supervisor.stop()
-        for task in tasks:
+        for task in [*tasks, *waits]:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *waits]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await reporter.beat()
+        return supervisor.incarnation
 
 
 async def _drain(reporter: RouterReporter, timeout_s: float) -> None:

@@ -93,3 +93,16 @@ class WorkerHeartbeat(BaseModel):
     draining: bool = False
     incarnation: int = 0
     load: WorkerLoad = WorkerLoad()
+
+
+class HeartbeatReply(BaseModel):
+    """The router's answer to a heartbeat: what the control plane wants of this worker.
+
+    ``role``: serve this role instead (the pool's P:D ratio changed): drain, restart the
+    engine in that role and register again. None: carry on.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool = True
+    role: WorkerRole | None = None

@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 
 from agent.engine_spec import EngineSpec
-from agent.runner import add_engine_arguments, add_transport_arguments, nixl_spec, run_agent
+from agent.runner import (
+    add_engine_arguments,
+    add_transport_arguments,
+    nixl_spec,
+    pd_respec,
+    run_agent,
+)
 from contracts.workers import WorkerRole
 
 
@@ -24,4 +30,4 @@ def build_spec(args: argparse.Namespace) -> EngineSpec:
 
 
 def main(args: argparse.Namespace) -> int:
-    return run_agent(WorkerRole.PREFILL, build_spec(args), args)
+    return run_agent(WorkerRole.PREFILL, build_spec(args), args, respec=pd_respec(args))

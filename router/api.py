@@ -2,80 +2,30 @@
 
 Handlers find the router's parts on ``request.app.state.parts`` (``app.RouterParts``),
 so each can be called and tested on its own and the table can be read by tools. Access
-is applied from the table before a handler runs:
-- ``public``: no credentials (health, metrics);
-- ``client``: an API key from ``api_keys`` when any is set;
-- ``admin``: the ``admin_token``; unset, the admin API answers 403.
+(``access.py``) is applied from the table before a handler runs. The SRE's admin API
+(``/admin/v1``) lives in ``admin_api.py``.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from contracts.workers import WorkerHeartbeat, WorkerRegistration
-from router.errors import APIError, Forbidden, NotFound, Overloaded, Unauthorized
-from router.http_io import bearer_in, json_body, parsed, unless_disconnected
+from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
+from router import admin_api
+from router.access import Access, Route, parts_of
+from router.errors import APIError, NotFound, Overloaded
+from router.http_io import json_body, parsed, unless_disconnected
 from router.prepare import Endpoint, prepare
 from router.registry import RegistryFull
-
-if TYPE_CHECKING:
-    from router.app import RouterParts
 
 log = logging.getLogger("pdserve.router")
 
 _ADMIN_BODY_BYTES = 64 * 1024  # registrations and heartbeats are small
-
-
-class Access(enum.Enum):
-    PUBLIC = "public"
-    CLIENT = "client"
-    ADMIN = "admin"
-
-
-Handler = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    method: str
-    path: str
-    handler: Handler
-    access: Access
-
-
-def parts_of(request: Request) -> RouterParts:
-    return request.app.state.parts
-
-
-def authorize(request: Request, access: Access) -> None:
-    server = parts_of(request).settings.server
-    if access is Access.CLIENT and server.api_keys and not bearer_in(request, server.api_keys):
-        raise Unauthorized("missing or invalid API key", code="invalid_api_key")
-    if access is Access.ADMIN:
-        if not server.admin_token:
-            raise Forbidden("the admin API is disabled: set PDSERVE_ADMIN_TOKEN on the router")
-        if not bearer_in(request, (server.admin_token,)):
-            raise Unauthorized("missing or invalid admin token", code="invalid_admin_token")
-
-
-def guarded(route: Route) -> Handler:
-    """The route's handler behind its access check (FastAPI sees the handler's signature)."""
-
-    @functools.wraps(route.handler)
-    async def handle(request: Request, **params: Any) -> Any:
-        authorize(request, route.access)
-        return await route.handler(request, **params)
-
-    return handle
 
 
 # -- generation -----------------------------------------------------------------
@@ -162,7 +112,8 @@ async def heartbeat(request: Request) -> Response:
     beat = parsed(WorkerHeartbeat, await json_body(request, _ADMIN_BODY_BYTES))
     if not parts.registry.heartbeat(beat, parts.clock()):
         return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
-    return JSONResponse({"ok": True})
+    reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id))
+    return JSONResponse(reply.model_dump(mode="json"))
 
 
 async def deregister_worker(request: Request, worker_id: str) -> dict[str, Any]:
@@ -203,4 +154,5 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/admin/workers/heartbeat", heartbeat, Access.ADMIN),
     Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.ADMIN),
     Route("GET", "/admin/workers", list_workers, Access.ADMIN),
+    *admin_api.ROUTES,
 )

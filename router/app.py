@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from router.access import guarded
 from router.admit import Admission
-from router.api import ROUTES, guarded
+from router.api import ROUTES
 from router.background import keep_running
 from router.errors import APIError
 from router.health import probe_engines_forever
@@ -21,12 +22,15 @@ from router.load import InFlightLoad
 from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
 from router.pipeline import RequestPipeline
+from router.pool_control import PoolController
 from router.prefix_tracking import PrefixTracker
 from router.prompt_blocks import BlockHashers
 from router.registry import WorkerRegistry
 from router.routing_stats import RoutingStats
 from router.schedule import Scheduler
 from router.settings import RouterSettings
+from router.state.base import ControlState, StateLimits
+from router.state.memory import MemoryState
 from router.upstream import Upstream
 
 log = logging.getLogger("pdserve.router")
@@ -46,6 +50,10 @@ class RouterParts:
     prefixes: PrefixTracker
     metrics: RouterMetrics
     pipeline: RequestPipeline
+    state: ControlState
+    pools: PoolController
+    admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
+    wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
         """A worker left the registry: drop what routing kept about it."""
@@ -81,11 +89,28 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings.server, registry=registry, admission=Admission(), orchestrator=orchestrator,
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
     )  # fmt: skip
+    state = MemoryState(
+        StateLimits(
+            max_workers=health.max_workers,
+            max_audit_entries=settings.control.audit_entries_kept,
+        )
+    )
+    pools = PoolController(
+        settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
+        state=state,
+    )  # fmt: skip
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
-        pipeline=pipeline,
+        pipeline=pipeline, state=state, pools=pools, admin_tokens=_admin_tokens(settings),
     )  # fmt: skip
+
+
+def _admin_tokens(settings: RouterSettings) -> dict[str, tuple[str, str]]:
+    tokens = settings.control.scoped_tokens()
+    if settings.server.admin_token:
+        tokens[settings.server.admin_token] = ("agents", "admin")
+    return tokens
 
 
 def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.monotonic) -> FastAPI:
@@ -131,6 +156,8 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await parts.pools.close()
+            await parts.state.close()
             await parts.prefixes.close()
             await parts.upstream.close()
 

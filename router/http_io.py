@@ -1,10 +1,9 @@
-"""HTTP plumbing the handlers share: bearer tokens, capped JSON bodies, disconnects."""
+"""HTTP plumbing the handlers share: capped JSON bodies, typed parsing, disconnects."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -16,14 +15,6 @@ from pydantic import BaseModel, ValidationError
 from router.errors import ClientDisconnected, InvalidRequest, RequestTooLarge
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def bearer_in(request: Request, accepted: tuple[str, ...]) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return False
-    return any(hmac.compare_digest(token.encode(), key.encode()) for key in accepted)
 
 
 async def json_body(request: Request, max_bytes: int) -> Any:

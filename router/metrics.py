@@ -40,7 +40,6 @@ class RouterMetrics:
         r.register(_WorkerCollector(registry, clock))
         r.register(_RoutingCollector(registry, load, index, stats))
 
-
     def _declare_latencies(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
             "pdserve_time_to_first_token_seconds",
@@ -107,6 +106,7 @@ class RouterMetrics:
             ["model", "pool", "policy", "reason"],
             registry=r,
         )
+
 
 class _WorkerCollector(Collector):
     """Worker counts and engine load, read from the registry at scrape time."""

@@ -70,6 +70,9 @@ class WorkerRegistry:
         self._forget_after_s = forget_after_s
         self._max_workers = max_workers
         self._workers: dict[str, WorkerState] = {}
+        # Workers an operator or the pool controller holds out of rotation; kept across
+        # re-registration (a drained worker's engine restart must not put it back).
+        self._held: set[str] = set()
 
     def __repr__(self) -> str:
         return f"WorkerRegistry(workers={len(self._workers)})"
@@ -102,6 +105,7 @@ class WorkerRegistry:
 
     def deregister(self, worker_id: str) -> bool:
         """Remove a worker at once (an SRE retiring it); False if it was unknown."""
+        self._held.discard(worker_id)
         return self._workers.pop(worker_id, None) is not None
 
     def mark_unhealthy(self, worker_id: str) -> None:
@@ -124,9 +128,20 @@ class WorkerRegistry:
                 state.healthy = False
         return state.healthy != was_healthy
 
+    def hold(self, worker_id: str) -> None:
+        """No new work for this worker until ``release``; in-flight work finishes."""
+        self._held.add(worker_id)
+
+    def release(self, worker_id: str) -> None:
+        self._held.discard(worker_id)
+
+    def is_held(self, worker_id: str) -> bool:
+        return worker_id in self._held
+
     def is_eligible(self, state: WorkerState, now_s: float) -> bool:
         return (
             state.ready
+            and state.worker_id not in self._held
             and state.healthy
             and not state.draining
             and state.last_seen_s >= now_s - self._heartbeat_timeout_s
@@ -157,4 +172,5 @@ class WorkerRegistry:
         gone = [wid for wid, w in self._workers.items() if w.last_seen_s < deadline]
         for wid in gone:
             del self._workers[wid]
+            self._held.discard(wid)
         return gone

@@ -22,6 +22,9 @@ def _pairs(spec: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in pairs}
 
 
+SCOPES = ("viewer", "operator", "admin")
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -281,6 +284,50 @@ class IndexSettings(_Group):
     )
 
 
+class ControlSettings(_Group):
+    """The control plane's admin API: scoped tokens, live P:D ratio changes."""
+
+    admin_tokens: str = Field(
+        "",
+        description="Scoped admin tokens, `name:scope:token,...`; scopes: viewer (read), "
+        "operator (pools, drains), admin (all). `admin_token` is an admin token named "
+        "`agents`. Names, never tokens, go into the audit log.",
+    )
+    rerole_step_workers: int = Field(
+        1, ge=1, le=64, description="Workers a P:D ratio change re-roles at once."
+    )
+    rerole_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="How long one re-role step may take (drain, engine restart in the new "
+        "role, registration) before the change is marked failed.",
+    )
+    max_operations_kept: int = Field(
+        100, ge=1, le=100_000, description="Finished pool operations kept for GET (oldest go)."
+    )
+    audit_entries_kept: int = Field(
+        10_000, ge=1, le=10_000_000, description="Audit log entries kept (oldest dropped)."
+    )
+
+    def scoped_tokens(self) -> dict[str, tuple[str, str]]:
+        """token -> (name, scope)."""
+        tokens: dict[str, tuple[str, str]] = {}
+        for item in filter(None, (part.strip() for part in self.admin_tokens.split(","))):
+            name, scope, token = item.split(":", 2)
+            tokens[token] = (name, scope)
+        return tokens
+
+    @model_validator(mode="after")
+    def _check_tokens(self) -> ControlSettings:
+        for item in filter(None, (part.strip() for part in self.admin_tokens.split(","))):
+            parts = item.split(":", 2)
+            if len(parts) != 3 or not all(parts) or parts[1] not in SCOPES:
+                raise ValueError(
+                    f"admin_tokens: each entry is name:scope:token with scope in {SCOPES}"
+                )
+        return self
+
+
 class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -290,6 +337,7 @@ class RouterSettings(BaseModel):
     health: HealthSettings = Field(default_factory=HealthSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
+    control: ControlSettings = Field(default_factory=ControlSettings)
 
     @model_validator(mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from contracts.block_hashing import (
     none_hash,
     sha256_pickle,
 )
-from sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
+from sim.kv_cache import PoolBlocksEvicted, PoolBlocksStored, PoolCleared
 from sim.kv_events import encode_batch
 
 
@@ -46,9 +46,9 @@ def test_sim_kv_events_decode_with_vllms_own_types():
 
     first, second = block_hashes(list(range(32)), 16, sha256_pickle, none_hash(sha256_pickle))
     ours = [
-        BlockStored((first, second), None, tuple(range(32)), 16),
-        BlockRemoved((second,)),
-        AllBlocksCleared(),
+        PoolBlocksStored((first, second), None, tuple(range(32)), 16),
+        PoolBlocksEvicted((second,)),
+        PoolCleared(),
     ]
     batch = msgspec.msgpack.Decoder(type=vllm_events.KVEventBatch).decode(
         encode_batch(ours, ts=12.5)

@@ -1,0 +1,119 @@
+"""``pdserve admin``: the SRE's admin API from a terminal (pools, ratio, drain, audit).
+
+The router URL and token come from flags, else ``PDSERVE_ROUTER_URL`` and
+``PDSERVE_ADMIN_TOKEN``, else the newest run folder ``pdserve up`` wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+RUNS = Path(".pdserve") / "runs"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--router-url", default=os.environ.get("PDSERVE_ROUTER_URL"))
+    parser.add_argument("--token", default=os.environ.get("PDSERVE_ADMIN_TOKEN"))
+    parser.add_argument("--run-dir", type=Path, default=None, help="default: the newest run")
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("pools", help="models, P:D counts and targets, workers and their state")
+    ratio = actions.add_parser("ratio", help="change a model's P:D counts and wait for it")
+    ratio.add_argument("model")
+    ratio.add_argument("--prefill", type=int, required=True)
+    ratio.add_argument("--decode", type=int, required=True)
+    ratio.add_argument("--timeout-s", type=float, default=1800)
+    for name in ("drain", "undrain"):
+        action = actions.add_parser(name, help=f"{name} one worker")
+        action.add_argument("worker")
+    audit = actions.add_parser("audit", help="who changed what, and how it ended")
+    audit.add_argument("--limit", type=int, default=50)
+
+
+def main(args: argparse.Namespace) -> int:
+    url, token = _endpoint(args)
+    call = _Caller(url, token)
+    if args.action == "pools":
+        _print_pools(call("GET", "/admin/v1/pools"))
+    elif args.action == "ratio":
+        return _change_ratio(call, args)
+    elif args.action in ("drain", "undrain"):
+        print(json.dumps(call("POST", f"/admin/v1/workers/{args.worker}/{args.action}")))
+    else:
+        for e in call("GET", f"/admin/v1/audit?limit={args.limit}")["entries"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at_unix_s"]))
+            print(f"{when}  {e['actor']:<12} {e['action']:<12} {e['target']:<24} {e['outcome']}")
+    return 0
+
+
+class _Caller:
+    def __init__(self, url: str, token: str) -> None:
+        self._url, self._token = url.rstrip("/"), token
+
+    def __call__(self, method: str, path: str, body: dict | None = None) -> Any:
+        request = urllib.request.Request(
+            self._url + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self._token}",
+                     "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            detail = json.loads(error.read() or b"{}").get("error", {})
+            raise SystemExit(f"{method} {path}: {error.code} {detail.get('message', '')}") from None
+        except OSError as error:
+            raise SystemExit(f"router unreachable at {self._url}: {error}") from None
+
+
+def _endpoint(args: argparse.Namespace) -> tuple[str, str]:
+    url, token = args.router_url, args.token
+    if url and token:
+        return url, token
+    runs = [args.run_dir] if args.run_dir else sorted(RUNS.glob("*"), reverse=True)
+    for run in runs:
+        cluster = run / "cluster.json"
+        if cluster.is_file():
+            facts = json.loads(cluster.read_text())
+            token = token or Path(facts["admin_token_file"]).read_text().strip()
+            return url or facts["router_url"], token
+    raise SystemExit("no router: pass --router-url and --token, or run `pdserve up` here first")
+
+
+def _print_pools(pools: dict[str, Any]) -> None:
+    for model, pool in pools["models"].items():
+        target = pool["target"] or pool["counts"]
+        print(f"{model}: prefill {pool['counts']['prefill']}/{target['prefill']}  "
+              f"decode {pool['counts']['decode']}/{target['decode']}  (now/target)")  # fmt: skip
+        print(f"  {'worker':<24}{'role':<11}{'state':<11}{'inflight':>9}{'running':>9}{'kv':>7}")
+        for w in pool["workers"]:
+            print(f"  {w['worker_id']:<24}{w['role']:<11}{w['state']:<11}"
+                  f"{w['inflight_requests']:>9}{w['engine_running']:>9}"
+                  f"{w['kv_cache_usage_perc']:>7.0%}")  # fmt: skip
+
+
+def _change_ratio(call: _Caller, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    answer = call("PUT", f"/admin/v1/pools/{args.model}",
+                  {"prefill": args.prefill, "decode": args.decode})  # fmt: skip
+    print(f"{answer['operation']}: {args.model} -> {args.prefill}P + {args.decode}D")
+    while time.monotonic() - started < args.timeout_s:
+        operation = call("GET", answer["status_url"])
+        done = sum(1 for s in operation["steps"] if s["phase"] == "done")
+        sys.stdout.write(f"\r  {operation['status']:<10} {done}/{len(operation['steps'])} "
+                         f"workers re-roled, {time.monotonic() - started:5.0f}s")  # fmt: skip
+        sys.stdout.flush()
+        if operation["status"] != "running":
+            print()
+            return 0 if operation["status"] == "done" else 1
+        time.sleep(1)
+    print(f"\n  still running after {args.timeout_s:.0f}s; see {answer['status_url']}")
+    return 1

@@ -1,0 +1,144 @@
+"""The SRE's admin API, ``/admin/v1``: pools and their P:D ratio, workers, the audit log.
+
+Every change is validated whole before anything moves (a refusal leaves the old config
+in force) and audited with the caller's token name. Reads need ``viewer``; changes need
+``operator``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from contracts.workers import WorkerRole
+from router.access import Access, Route, actor_of, parts_of
+from router.errors import InvalidRequest, NotFound
+from router.http_io import json_body
+from router.pool_control import PD_ROLES
+from router.state.base import AuditEntry
+
+log = logging.getLogger("pdserve.router")
+
+_CHANGE_BODY_BYTES = 4096
+_AUDIT_LIMIT_MAX = 1000
+
+
+async def list_pools(request: Request) -> dict[str, Any]:
+    parts = parts_of(request)
+    now = parts.clock()
+    targets = await parts.state.targets()
+    models: dict[str, Any] = {}
+    for model in parts.registry.models():
+        counts = parts.pools.counts(model)
+        target = targets.get(model)
+        models[model] = {
+            "counts": {role.value: counts[role] for role in PD_ROLES},
+            "target": target.as_dict() if target else None,
+            "workers": [
+                {
+                    "worker_id": w.worker_id,
+                    "role": w.role.value,
+                    "state": parts.pools.worker_state(w, now),
+                    "wanted_role": _value(parts.pools.wanted_role(w.worker_id)),
+                    "inflight_requests": parts.load.of(w.worker_id).requests,
+                    "engine_running": w.load.num_requests_running,
+                    "engine_waiting": w.load.num_requests_waiting,
+                    "kv_cache_usage_perc": w.load.kv_cache_usage_perc,
+                }
+                for w in parts.registry.workers()
+                if w.registration.model == model
+            ],
+        }
+    return {"models": models}
+
+
+async def change_pool(request: Request, model: str) -> JSONResponse:
+    parts = parts_of(request)
+    body = await json_body(request, _CHANGE_BODY_BYTES)
+    target = parts.pools.validate(model, body)
+    operation = await parts.pools.change(model, target, actor_of(request))
+    log.info("pool change %s by %s: %s %s", operation.id, actor_of(request), model, target)
+    return JSONResponse(
+        {"operation": operation.id, "target": target.as_dict(),
+         "status_url": f"/admin/v1/operations/{operation.id}"},
+        status_code=202,
+    )  # fmt: skip
+
+
+async def get_operation(request: Request, operation_id: str) -> dict[str, Any]:
+    operation = parts_of(request).pools.operation(operation_id)
+    if operation is None:
+        raise NotFound(f"no operation {operation_id!r}", code="operation_not_found")
+    return operation.as_dict()
+
+
+async def drain_worker(request: Request, worker_id: str) -> dict[str, Any]:
+    parts = parts_of(request)
+    _known(request, worker_id)
+    parts.registry.hold(worker_id)
+    await _audit(request, "drain", worker_id)
+    return {"worker_id": worker_id, "held": True}
+
+
+async def undrain_worker(request: Request, worker_id: str) -> dict[str, Any]:
+    parts = parts_of(request)
+    _known(request, worker_id)
+    if parts.pools.wanted_role(worker_id) is not None:
+        raise InvalidRequest(f"{worker_id} is being re-roled; wait for its operation")
+    parts.registry.release(worker_id)
+    await _audit(request, "undrain", worker_id)
+    return {"worker_id": worker_id, "held": False}
+
+
+async def delete_worker(request: Request, worker_id: str) -> dict[str, Any]:
+    parts = parts_of(request)
+    _known(request, worker_id)
+    parts.registry.deregister(worker_id)
+    parts.forget_worker(worker_id)
+    await _audit(request, "delete", worker_id)
+    return {"deleted": worker_id}
+
+
+async def read_audit(request: Request) -> dict[str, Any]:
+    raw = request.query_params.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= _AUDIT_LIMIT_MAX:
+        raise InvalidRequest(f"limit must be 1..{_AUDIT_LIMIT_MAX}", param="limit")
+    entries = await parts_of(request).state.audit(limit=int(raw))
+    return {
+        "entries": [
+            {"at_unix_s": e.at_unix_s, "actor": e.actor, "action": e.action,
+             "target": e.target, "outcome": e.outcome, "detail": e.detail}
+            for e in entries
+        ]
+    }  # fmt: skip
+
+
+def _known(request: Request, worker_id: str) -> None:
+    if parts_of(request).registry.get(worker_id) is None:
+        raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
+
+
+def _value(role: WorkerRole | None) -> str | None:
+    return None if role is None else role.value
+
+
+async def _audit(request: Request, action: str, target: str) -> None:
+    parts = parts_of(request)
+    await parts.state.append_audit(
+        AuditEntry(at_unix_s=parts.wall_clock(), actor=actor_of(request), action=action,
+                   target=target, outcome="ok", detail={})
+    )  # fmt: skip
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/admin/v1/pools", list_pools, Access.VIEWER),
+    Route("PUT", "/admin/v1/pools/{model}", change_pool, Access.OPERATOR),
+    Route("GET", "/admin/v1/operations/{operation_id}", get_operation, Access.VIEWER),
+    Route("POST", "/admin/v1/workers/{worker_id}/drain", drain_worker, Access.OPERATOR),
+    Route("POST", "/admin/v1/workers/{worker_id}/undrain", undrain_worker, Access.OPERATOR),
+    Route("DELETE", "/admin/v1/workers/{worker_id}", delete_worker, Access.OPERATOR),
+    Route("GET", "/admin/v1/audit", read_audit, Access.VIEWER),
+)

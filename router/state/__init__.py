@@ -1,0 +1,1 @@
+"""Control-plane state behind one interface, in memory or in Redis (``state.base``)."""

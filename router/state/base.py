@@ -1,0 +1,115 @@
+"""The control plane's shared state: one interface, two backends (memory, Redis).
+
+What it holds:
+- worker records (the registration and latest heartbeat as JSON), each with a TTL that a
+  heartbeat renews: a worker whose agent stops reporting disappears by itself;
+- pool targets: per model, how many prefill and decode workers the SRE asked for;
+- config documents by name, each write a new version;
+- an append-only audit log, capped at ``max_audit_entries`` (oldest dropped first).
+
+Invariants:
+- every write is announced to every ``subscribe()``r, on every replica (this one included), so a
+  replica's view converges without polling; a replica that missed announcements (a
+  reconnect) re-reads everything, because a ``Change`` only names what to re-read;
+- nothing a replica holds locally is authoritative: any replica can be killed and another
+  rebuilds the same view from the backend;
+- bounded: ``max_workers`` records, ``max_audit_entries`` audit entries, documents under
+  ``max_document_bytes``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ChangeKind = Literal["worker", "targets", "config", "resync"]
+
+
+class StateFull(RuntimeError):
+    """A bound was reached (workers, or a document's size)."""
+
+
+class StateUnavailable(RuntimeError):
+    """The backend cannot be reached; callers keep their last good view."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateLimits:
+    max_workers: int = 1024
+    max_audit_entries: int = 10_000
+    max_document_bytes: int = 256 * 1024
+
+
+DEFAULT_LIMITS = StateLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTargets:
+    prefill: int
+    decode: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"prefill": self.prefill, "decode": self.decode}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What changed; readers re-read it (``resync``: re-read everything)."""
+
+    kind: ChangeKind
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditEntry:
+    at_unix_s: float
+    actor: str  # the token's name, never the token
+    action: str
+    target: str
+    outcome: str
+    detail: dict[str, Any]
+
+
+class ControlState(abc.ABC):
+    limits: StateLimits
+
+    @abc.abstractmethod
+    async def put_worker(self, worker_id: str, record: dict[str, Any], *, ttl_s: float) -> None:
+        """Create or renew a worker record; it vanishes ``ttl_s`` after the last put."""
+
+    @abc.abstractmethod
+    async def remove_worker(self, worker_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        """Every live record by worker id."""
+
+    @abc.abstractmethod
+    async def set_targets(self, model: str, targets: PoolTargets) -> None: ...
+
+    @abc.abstractmethod
+    async def targets(self) -> dict[str, PoolTargets]: ...
+
+    @abc.abstractmethod
+    async def put_document(self, name: str, value: dict[str, Any]) -> int:
+        """Store a config document whole; returns its new version (1, 2, ...)."""
+
+    @abc.abstractmethod
+    async def document(self, name: str) -> tuple[int, dict[str, Any]] | None: ...
+
+    @abc.abstractmethod
+    async def append_audit(self, entry: AuditEntry) -> None: ...
+
+    @abc.abstractmethod
+    async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
+        """The newest ``limit`` entries, oldest first."""
+
+    @abc.abstractmethod
+    async def subscribe(self) -> AsyncIterator[Change]:
+        """Announcements of every write, from every replica, until ``close``: subscribed
+        when this returns, so a write made after it is never missed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...

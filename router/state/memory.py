@@ -1,0 +1,121 @@
+"""The in-memory backend: the embedded default for a single router (nothing shared)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from router.state.base import (
+    DEFAULT_LIMITS,
+    AuditEntry,
+    Change,
+    ControlState,
+    PoolTargets,
+    StateFull,
+    StateLimits,
+)
+
+_SUBSCRIBER_QUEUE = 1024  # announcements a slow reader may lag by before it must resync
+
+
+class MemoryState(ControlState):
+    def __init__(
+        self, limits: StateLimits = DEFAULT_LIMITS, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._workers: dict[str, tuple[float, dict[str, Any]]] = {}  # id -> (expires, record)
+        self._targets: dict[str, PoolTargets] = {}
+        self._documents: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._audit: deque[AuditEntry] = deque(maxlen=limits.max_audit_entries)
+        self._subscribers: list[asyncio.Queue[Change | None]] = []
+
+    def __repr__(self) -> str:
+        return f"MemoryState(workers={len(self._workers)}, models={sorted(self._targets)})"
+
+    async def put_worker(self, worker_id: str, record: dict[str, Any], *, ttl_s: float) -> None:
+        self._expire()
+        if worker_id not in self._workers and len(self._workers) >= self.limits.max_workers:
+            raise StateFull(f"{self.limits.max_workers} workers registered (max_workers)")
+        _check_size(record, self.limits)
+        self._workers[worker_id] = (self._clock() + ttl_s, record)
+        self._announce(Change("worker", worker_id))
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        removed = self._workers.pop(worker_id, None) is not None
+        if removed:
+            self._announce(Change("worker", worker_id))
+        return removed
+
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        self._expire()
+        return {worker_id: record for worker_id, (_, record) in self._workers.items()}
+
+    async def set_targets(self, model: str, targets: PoolTargets) -> None:
+        self._targets[model] = targets
+        self._announce(Change("targets", model))
+
+    async def targets(self) -> dict[str, PoolTargets]:
+        return dict(self._targets)
+
+    async def put_document(self, name: str, value: dict[str, Any]) -> int:
+        _check_size(value, self.limits)
+        version = self._documents.get(name, (0, {}))[0] + 1
+        self._documents[name] = (version, json.loads(json.dumps(value)))  # a copy, as stored
+        self._announce(Change("config", name))
+        return version
+
+    async def document(self, name: str) -> tuple[int, dict[str, Any]] | None:
+        return self._documents.get(name)
+
+    async def append_audit(self, entry: AuditEntry) -> None:
+        self._audit.append(entry)
+
+    async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
+        return list(self._audit)[-limit:] if limit > 0 else []
+
+    async def subscribe(self) -> AsyncIterator[Change]:
+        queue: asyncio.Queue[Change | None] = asyncio.Queue(_SUBSCRIBER_QUEUE)
+        self._subscribers.append(queue)
+        return self._follow(queue)
+
+    async def _follow(self, queue: asyncio.Queue[Change | None]) -> AsyncIterator[Change]:
+        try:
+            while (change := await queue.get()) is not None:
+                yield change
+        finally:
+            self._subscribers.remove(queue)
+
+    async def close(self) -> None:
+        for queue in self._subscribers:
+            _offer(queue, None, force=True)
+
+    def _announce(self, change: Change) -> None:
+        for queue in self._subscribers:
+            _offer(queue, change)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for worker_id in [w for w, (expires, _) in self._workers.items() if expires <= now]:
+            del self._workers[worker_id]
+            self._announce(Change("worker", worker_id))
+
+
+def _offer(queue: asyncio.Queue[Change | None], change: Change | None, force: bool = False) -> None:
+    """Queue ``change``; a full queue is emptied for one ``resync``, which covers everything."""
+    if queue.full():
+        while not queue.empty():
+            queue.get_nowait()
+        if not force:
+            change = Change("resync")
+    queue.put_nowait(change)
+
+
+def _check_size(value: dict[str, Any], limits: StateLimits) -> None:
+    size = len(json.dumps(value))
+    if size > limits.max_document_bytes:
+        raise StateFull(f"{size} bytes is over max_document_bytes={limits.max_document_bytes}")

@@ -1,0 +1,190 @@
+"""The Redis backend: several router replicas share one view, announced by pub/sub.
+
+Keys under ``prefix`` (default ``pdserve``):
+- ``worker:<id>``: the record as JSON, with a TTL the next put renews; ``workers``: the
+  set of ids (pruned of expired ones when read);
+- ``targets``: hash model -> ``{"prefill": N, "decode": M}``;
+- ``doc`` and ``docver``: hashes name -> document JSON, and name -> version, written in
+  one MULTI so a version always matches its document;
+- ``audit``: a list, RPUSH then LTRIM in one MULTI (capped);
+- channel ``changes``: ``kind:key`` for every write.
+A Redis that cannot be reached raises ``StateUnavailable``; the subscriber reconnects
+with capped backoff and announces a ``resync``, since it may have missed writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from router.state.base import (
+    DEFAULT_LIMITS,
+    AuditEntry,
+    Change,
+    ControlState,
+    PoolTargets,
+    StateFull,
+    StateLimits,
+    StateUnavailable,
+)
+
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_RECONNECT_MAX_S = 2.0
+
+
+class RedisState(ControlState):
+    def __init__(
+        self,
+        url: str,
+        limits: StateLimits = DEFAULT_LIMITS,
+        *,
+        prefix: str = "pdserve",
+        timeout_s: float = 1.0,
+    ) -> None:
+        self.limits = limits
+        self._url = url
+        self._prefix = prefix
+        self._redis = aioredis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            decode_responses=True,
+        )  # fmt: skip
+        self._closed = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"RedisState({self._url!r}, prefix={self._prefix!r})"
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    async def _call(self, operation: Any) -> Any:
+        try:
+            return await operation
+        except _UNREACHABLE as error:
+            raise StateUnavailable(f"redis at {self._url} unreachable: {error}") from error
+
+    async def _announce(self, change: Change) -> None:
+        await self._call(self._redis.publish(self._key("changes"), f"{change.kind}:{change.key}"))
+
+    async def put_worker(self, worker_id: str, record: dict[str, Any], *, ttl_s: float) -> None:
+        payload = _sized(record, self.limits)
+        known = await self._call(self._redis.sismember(self._key("workers"), worker_id))
+        if not known and len(await self.workers()) >= self.limits.max_workers:
+            raise StateFull(f"{self.limits.max_workers} workers registered (max_workers)")
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.set(self._key("worker", worker_id), payload, px=max(1, int(ttl_s * 1000)))
+            multi.sadd(self._key("workers"), worker_id)
+            await self._call(multi.execute())
+        await self._announce(Change("worker", worker_id))
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.delete(self._key("worker", worker_id))
+            multi.srem(self._key("workers"), worker_id)
+            deleted, _ = await self._call(multi.execute())
+        if deleted:
+            await self._announce(Change("worker", worker_id))
+        return bool(deleted)
+
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        ids = sorted(await self._call(self._redis.smembers(self._key("workers"))))
+        if not ids:
+            return {}
+        payloads = await self._call(self._redis.mget([self._key("worker", w) for w in ids]))
+        expired = [w for w, payload in zip(ids, payloads, strict=True) if payload is None]
+        if expired:
+            await self._call(self._redis.srem(self._key("workers"), *expired))
+        return {
+            w: json.loads(payload)
+            for w, payload in zip(ids, payloads, strict=True)
+            if payload is not None
+        }
+
+    async def set_targets(self, model: str, targets: PoolTargets) -> None:
+        await self._call(
+            self._redis.hset(self._key("targets"), model, json.dumps(targets.as_dict()))
+        )
+        await self._announce(Change("targets", model))
+
+    async def targets(self) -> dict[str, PoolTargets]:
+        stored = await self._call(self._redis.hgetall(self._key("targets")))
+        return {model: PoolTargets(**json.loads(value)) for model, value in stored.items()}
+
+    async def put_document(self, name: str, value: dict[str, Any]) -> int:
+        payload = _sized(value, self.limits)
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.hincrby(self._key("docver"), name, 1)
+            multi.hset(self._key("doc"), name, payload)
+            version, _ = await self._call(multi.execute())
+        await self._announce(Change("config", name))
+        return int(version)
+
+    async def document(self, name: str) -> tuple[int, dict[str, Any]] | None:
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.hget(self._key("docver"), name)
+            multi.hget(self._key("doc"), name)
+            version, payload = await self._call(multi.execute())
+        if version is None or payload is None:
+            return None
+        return int(version), json.loads(payload)
+
+    async def append_audit(self, entry: AuditEntry) -> None:
+        payload = json.dumps(
+            {"at_unix_s": entry.at_unix_s, "actor": entry.actor, "action": entry.action,
+             "target": entry.target, "outcome": entry.outcome, "detail": entry.detail}
+        )  # fmt: skip
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.rpush(self._key("audit"), payload)
+            multi.ltrim(self._key("audit"), -self.limits.max_audit_entries, -1)
+            await self._call(multi.execute())
+
+    async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
+        if limit <= 0:
+            return []
+        stored = await self._call(self._redis.lrange(self._key("audit"), -limit, -1))
+        return [AuditEntry(**json.loads(item)) for item in stored]
+
+    async def subscribe(self) -> AsyncIterator[Change]:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._call(pubsub.subscribe(self._key("changes")))
+        return self._follow(pubsub)
+
+    async def _follow(self, pubsub: PubSub) -> AsyncIterator[Change]:
+        backoff_s = 0.05
+        try:
+            while not self._closed.is_set():
+                try:
+                    async for message in pubsub.listen():
+                        kind, _, key = str(message["data"]).partition(":")
+                        yield Change(kind, key)  # type: ignore[arg-type]
+                        backoff_s = 0.05
+                except _UNREACHABLE:
+                    await pubsub.aclose()
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(backoff_s * 2, _RECONNECT_MAX_S)
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    with contextlib.suppress(*_UNREACHABLE):
+                        await pubsub.subscribe(self._key("changes"))
+                        yield Change("resync")  # writes may have passed while we were away
+        finally:
+            await pubsub.aclose()
+
+    async def close(self) -> None:
+        self._closed.set()
+        await self._redis.aclose()
+
+
+def _sized(value: dict[str, Any], limits: StateLimits) -> str:
+    payload = json.dumps(value)
+    if len(payload) > limits.max_document_bytes:
+        raise StateFull(
+            f"{len(payload)} bytes is over max_document_bytes={limits.max_document_bytes}"
+        )
+    return payload
