@@ -39,7 +39,10 @@ class RouterReporter:
         interval_s: float = 2.0,
         timeout_s: float = 3.0,
     ) -> None:
-        self._router_url = router_url.rstrip("/")
+        # Several router replicas, comma-separated: reports go to the last one that
+        # answered; an unreachable one hands over to the next (they share state).
+        self._router_urls = [u.strip().rstrip("/") for u in router_url.split(",") if u.strip()]
+        self._current = 0
         self._headers = {"Authorization": f"Bearer {admin_token}"}
         self.registration = registration
         self._engine_url = engine_url
@@ -128,17 +131,26 @@ class RouterReporter:
         return status
 
     async def _exchange(self, path: str, payload: dict) -> tuple[int | None, object]:
+        for _ in self._router_urls:
+            url = self._router_urls[self._current]
+            answer = await self._exchange_with(url, path, payload)
+            if answer is not None:
+                return answer
+            log.warning("router unreachable at %s", url)
+            self._current = (self._current + 1) % len(self._router_urls)
+        return None, None
+
+    async def _exchange_with(self, url: str, path: str, payload: dict) -> tuple[int, object] | None:
         assert self._session is not None
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             async with self._session.post(
-                self._router_url + path, json=payload, headers=self._headers
+                url + path, json=payload, headers=self._headers
             ) as response:
                 if response.status >= 400 and response.status != 404:
                     log.warning("router %s answered %d", path, response.status)
                 reply = await response.json(content_type=None) if response.status == 200 else None
                 return response.status, reply
-        log.warning("router unreachable at %s", self._router_url)
-        return None, None
+        return None
 
     async def engine_idle(self) -> bool:
         load = await self._scrape_load()

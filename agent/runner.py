@@ -29,7 +29,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", required=True, help="model name clients use")
     parser.add_argument("--host", default="127.0.0.1", help="engine bind address")
     parser.add_argument("--port", type=int, required=True, help="engine HTTP port")
-    parser.add_argument("--router-url", required=True, help="router base URL to register with")
+    parser.add_argument("--router-url", required=True,
+                        help="router base URL to register with; several replicas "
+                        "comma-separated (they must share --state-url)")  # fmt: skip
     parser.add_argument("--worker-id", default=None, help="default: ROLE-HOST-PORT")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--cores", default=None, help='CPU cores to bind ("0", "0-1") or GPUs')

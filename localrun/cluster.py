@@ -56,6 +56,8 @@ class ClusterPlan:
     block_size: int | None = None  # None: the engine's default (vLLM CPU 128, sims their profile's)
     # Engines publish KV events (ZMQ) that the router's prefix index subscribes to.
     kv_events: bool = True
+    # Router replicas started elsewhere (sharing the state_url): agents fail over to them.
+    extra_router_urls: tuple[str, ...] = ()
     # Extra router settings as PDSERVE_* environment variables.
     router_env: dict[str, str] = field(default_factory=dict)
 
@@ -141,7 +143,8 @@ class LocalCluster:
         pd = w.role != "colocated"
         return agent_argv(
             w.role, model=str(p.model_path), served_model_name=w.served_name,
-            port=w.engine_port, router_url=self.router_url, worker_id=w.name, cores=w.cores,
+            port=w.engine_port, router_url=",".join((self.router_url, *p.extra_router_urls)),
+            worker_id=w.name, cores=w.cores,
             kv_cache_gib=p.kv_cache_gib, max_model_len=p.max_model_len,
             ready_timeout_s=p.ready_timeout_s, heartbeat_interval_s=p.heartbeat_interval_s,
             drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,

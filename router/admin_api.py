@@ -7,6 +7,7 @@ in force) and audited with the caller's token name. Reads need ``viewer``; chang
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,10 +16,10 @@ from fastapi.responses import JSONResponse
 
 from contracts.workers import WorkerRole
 from router.access import Access, Route, actor_of, parts_of
-from router.errors import InvalidRequest, NotFound
+from router.errors import InvalidRequest, NoCapacity, NotFound
 from router.http_io import json_body
 from router.pool_control import PD_ROLES
-from router.state.base import AuditEntry
+from router.state.base import AuditEntry, StateUnavailable
 
 log = logging.getLogger("pdserve.router")
 
@@ -29,7 +30,10 @@ _AUDIT_LIMIT_MAX = 1000
 async def list_pools(request: Request) -> dict[str, Any]:
     parts = parts_of(request)
     now = parts.clock()
-    targets = await parts.state.targets()
+    try:
+        targets = await parts.state.targets()
+    except StateUnavailable:
+        targets = {}  # the pools as this replica sees them; targets come back with the state
     models: dict[str, Any] = {}
     for model in parts.registry.models():
         counts = parts.pools.counts(model)
@@ -59,7 +63,10 @@ async def change_pool(request: Request, model: str) -> JSONResponse:
     parts = parts_of(request)
     body = await json_body(request, _CHANGE_BODY_BYTES)
     target = parts.pools.validate(model, body)
-    operation = await parts.pools.change(model, target, actor_of(request))
+    try:
+        operation = await parts.pools.change(model, target, actor_of(request))
+    except StateUnavailable as error:
+        raise _state_down(error) from None
     log.info("pool change %s by %s: %s %s", operation.id, actor_of(request), model, target)
     return JSONResponse(
         {"operation": operation.id, "target": target.as_dict(),
@@ -76,9 +83,8 @@ async def get_operation(request: Request, operation_id: str) -> dict[str, Any]:
 
 
 async def drain_worker(request: Request, worker_id: str) -> dict[str, Any]:
-    parts = parts_of(request)
     _known(request, worker_id)
-    parts.registry.hold(worker_id)
+    await _set_held(request, worker_id, held=True)
     await _audit(request, "drain", worker_id)
     return {"worker_id": worker_id, "held": True}
 
@@ -88,7 +94,7 @@ async def undrain_worker(request: Request, worker_id: str) -> dict[str, Any]:
     _known(request, worker_id)
     if parts.pools.wanted_role(worker_id) is not None:
         raise InvalidRequest(f"{worker_id} is being re-roled; wait for its operation")
-    parts.registry.release(worker_id)
+    await _set_held(request, worker_id, held=False)
     await _audit(request, "undrain", worker_id)
     return {"worker_id": worker_id, "held": False}
 
@@ -98,6 +104,7 @@ async def delete_worker(request: Request, worker_id: str) -> dict[str, Any]:
     _known(request, worker_id)
     parts.registry.deregister(worker_id)
     parts.forget_worker(worker_id)
+    await parts.sync.removed(worker_id)
     await _audit(request, "delete", worker_id)
     return {"deleted": worker_id}
 
@@ -106,7 +113,10 @@ async def read_audit(request: Request) -> dict[str, Any]:
     raw = request.query_params.get("limit", "100")
     if not raw.isdigit() or not 1 <= int(raw) <= _AUDIT_LIMIT_MAX:
         raise InvalidRequest(f"limit must be 1..{_AUDIT_LIMIT_MAX}", param="limit")
-    entries = await parts_of(request).state.audit(limit=int(raw))
+    try:
+        entries = await parts_of(request).state.audit(limit=int(raw))
+    except StateUnavailable as error:
+        raise _state_down(error) from None
     return {
         "entries": [
             {"at_unix_s": e.at_unix_s, "actor": e.actor, "action": e.action,
@@ -114,6 +124,26 @@ async def read_audit(request: Request) -> dict[str, Any]:
             for e in entries
         ]
     }  # fmt: skip
+
+
+async def _set_held(request: Request, worker_id: str, *, held: bool) -> None:
+    """Hold or release, shared with every replica; refused whole if the state is down."""
+    parts = parts_of(request)
+    was_held = parts.registry.is_held(worker_id)
+    (parts.registry.hold if held else parts.registry.release)(worker_id)
+    try:
+        await parts.sync.publish_control(parts.pools.wanted())
+    except StateUnavailable as error:
+        (parts.registry.hold if was_held else parts.registry.release)(worker_id)
+        raise _state_down(error) from None
+
+
+def _state_down(error: StateUnavailable) -> NoCapacity:
+    return NoCapacity(
+        f"the control-plane state is unreachable; nothing was changed ({error})",
+        code="state_unavailable",
+        retry_after_s=5,
+    )
 
 
 def _known(request: Request, worker_id: str) -> None:
@@ -127,10 +157,11 @@ def _value(role: WorkerRole | None) -> str | None:
 
 async def _audit(request: Request, action: str, target: str) -> None:
     parts = parts_of(request)
-    await parts.state.append_audit(
-        AuditEntry(at_unix_s=parts.wall_clock(), actor=actor_of(request), action=action,
-                   target=target, outcome="ok", detail={})
-    )  # fmt: skip
+    with contextlib.suppress(StateUnavailable):  # the change stands; its record is lost
+        await parts.state.append_audit(
+            AuditEntry(at_unix_s=parts.wall_clock(), actor=actor_of(request), action=action,
+                       target=target, outcome="ok", detail={})
+        )  # fmt: skip
 
 
 ROUTES: tuple[Route, ...] = (

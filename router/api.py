@@ -103,6 +103,7 @@ async def register_worker(request: Request) -> dict[str, Any]:
         new_incarnation=previous is None
         or previous.registration.incarnation != registration.incarnation,
     )
+    await parts.sync.registered(registration)
     log.info("worker %s registered (%s)", registration.worker_id, registration.role.value)
     return {"registered": registration.worker_id}
 
@@ -112,6 +113,7 @@ async def heartbeat(request: Request) -> Response:
     beat = parsed(WorkerHeartbeat, await json_body(request, _ADMIN_BODY_BYTES))
     if not parts.registry.heartbeat(beat, parts.clock()):
         return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
+    await parts.sync.heartbeat(beat)
     reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id))
     return JSONResponse(reply.model_dump(mode="json"))
 
@@ -121,6 +123,7 @@ async def deregister_worker(request: Request, worker_id: str) -> dict[str, Any]:
     if not parts.registry.deregister(worker_id):
         raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
     parts.forget_worker(worker_id)
+    await parts.sync.removed(worker_id)
     log.info("worker %s deregistered", worker_id)
     return {"deregistered": worker_id}
 

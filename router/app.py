@@ -31,6 +31,8 @@ from router.schedule import Scheduler
 from router.settings import RouterSettings
 from router.state.base import ControlState, StateLimits
 from router.state.memory import MemoryState
+from router.state.redis_backend import RedisState
+from router.state_sync import StateSync
 from router.upstream import Upstream
 
 log = logging.getLogger("pdserve.router")
@@ -51,15 +53,13 @@ class RouterParts:
     metrics: RouterMetrics
     pipeline: RequestPipeline
     state: ControlState
+    sync: StateSync
     pools: PoolController
     admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
-        """A worker left the registry: drop what routing kept about it."""
-        self.prefixes.on_gone(worker_id)
-        self.load.forget(worker_id)
-        self.stats.forget(worker_id)
+        forget_worker(worker_id, prefixes=self.prefixes, load=self.load, stats=self.stats)
 
 
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
@@ -89,21 +89,52 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings.server, registry=registry, admission=Admission(), orchestrator=orchestrator,
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
     )  # fmt: skip
-    state = MemoryState(
-        StateLimits(
-            max_workers=health.max_workers,
-            max_audit_entries=settings.control.audit_entries_kept,
-        )
-    )
-    pools = PoolController(
-        settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
-        state=state,
-    )  # fmt: skip
+    state, sync, pools = _control_plane(settings, registry, load, stats, prefixes, clock)
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
-        pipeline=pipeline, state=state, pools=pools, admin_tokens=_admin_tokens(settings),
+        pipeline=pipeline, state=state, sync=sync, pools=pools,
+        admin_tokens=_admin_tokens(settings),
     )  # fmt: skip
+
+
+def _control_plane(
+    settings: RouterSettings,
+    registry: WorkerRegistry,
+    load: InFlightLoad,
+    stats: RoutingStats,
+    prefixes: PrefixTracker,
+    clock: Callable[[], float],
+) -> tuple[ControlState, StateSync, PoolController]:
+    limits = StateLimits(
+        max_workers=settings.health.max_workers,
+        max_audit_entries=settings.control.audit_entries_kept,
+    )
+    url = settings.control.state_url
+    state: ControlState = RedisState(url, limits) if url else MemoryState(limits)
+
+    def forget(worker_id: str) -> None:
+        forget_worker(worker_id, prefixes=prefixes, load=load, stats=stats)
+
+    sync = StateSync(
+        state, registry=registry, record_ttl_s=settings.health.forget_after_s,
+        on_registered=prefixes.on_registered, on_gone=forget,
+        on_control=lambda wanted: pools.adopt(wanted), clock=clock,
+    )  # fmt: skip
+    pools = PoolController(
+        settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
+        state=state, publish=sync.publish_control,
+    )  # fmt: skip
+    return state, sync, pools
+
+
+def forget_worker(
+    worker_id: str, *, prefixes: PrefixTracker, load: InFlightLoad, stats: RoutingStats
+) -> None:
+    """A worker left the registry: drop what routing kept about it."""
+    prefixes.on_gone(worker_id)
+    load.forget(worker_id)
+    stats.forget(worker_id)
 
 
 def _admin_tokens(settings: RouterSettings) -> dict[str, tuple[str, str]]:
@@ -147,7 +178,11 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
         crashed = parts.metrics.background_restarts.labels
         tasks = [
             asyncio.create_task(keep_running(name, loop, on_crash=lambda n: crashed(n).inc()))
-            for name, loop in (("health_probe", probe), ("prefix_expiry", expire))
+            for name, loop in (
+                ("health_probe", probe),
+                ("prefix_expiry", expire),
+                ("state_sync", parts.sync.follow),
+            )
         ]
         try:
             yield

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -88,6 +88,7 @@ class PoolController:
         load: InFlightLoad,
         blocks_held: Callable[[str], int],
         state: ControlState,
+        publish: Callable[[dict[str, WorkerRole]], Awaitable[None]],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -95,6 +96,7 @@ class PoolController:
         self._load = load
         self._blocks_held = blocks_held
         self._state = state
+        self._publish = publish  # shares holds and wanted roles with the other replicas
         self._wall_clock = wall_clock
         self._wanted: dict[str, WorkerRole] = {}
         self._operations: dict[str, Operation] = {}
@@ -116,6 +118,13 @@ class PoolController:
 
     def wanted_role(self, worker_id: str) -> WorkerRole | None:
         return self._wanted.get(worker_id)
+
+    def wanted(self) -> dict[str, WorkerRole]:
+        return dict(self._wanted)
+
+    def adopt(self, wanted: dict[str, WorkerRole]) -> None:
+        """The shared view of which workers switch roles (another replica changed it)."""
+        self._wanted = dict(wanted)
 
     def operation(self, operation_id: str) -> Operation | None:
         return self._operations.get(operation_id)
@@ -200,7 +209,10 @@ class PoolController:
                 operation.status = "done"
                 return
             operation.steps.extend(step)
-            if not await self._switched(step):
+            await self._publish(self.wanted())
+            switched = await self._switched(step)
+            await self._publish(self.wanted())
+            if not switched:
                 operation.status = "failed"
                 operation.detail = (
                     f"not every worker of the step served its new role within "

@@ -138,6 +138,13 @@ class WorkerRegistry:
     def is_held(self, worker_id: str) -> bool:
         return worker_id in self._held
 
+    def held(self) -> set[str]:
+        return set(self._held)
+
+    def set_held(self, worker_ids: set[str]) -> None:
+        """Adopt the shared view of which workers are held (another replica changed it)."""
+        self._held = set(worker_ids)
+
     def is_eligible(self, state: WorkerState, now_s: float) -> bool:
         return (
             state.ready

@@ -287,6 +287,12 @@ class IndexSettings(_Group):
 class ControlSettings(_Group):
     """The control plane's admin API: scoped tokens, live P:D ratio changes."""
 
+    state_url: str = Field(
+        "",
+        description="Where control-plane state lives: empty for this process's memory (one "
+        "router), or `redis://host:port/db` to share workers, holds, targets and the audit "
+        "log between router replicas.",
+    )
     admin_tokens: str = Field(
         "",
         description="Scoped admin tokens, `name:scope:token,...`; scopes: viewer (read), "
@@ -319,6 +325,8 @@ class ControlSettings(_Group):
 
     @model_validator(mode="after")
     def _check_tokens(self) -> ControlSettings:
+        if self.state_url and not self.state_url.startswith(("redis://", "rediss://")):
+            raise ValueError("state_url must be empty or a redis:// URL")
         for item in filter(None, (part.strip() for part in self.admin_tokens.split(","))):
             parts = item.split(":", 2)
             if len(parts) != 3 or not all(parts) or parts[1] not in SCOPES:

@@ -83,6 +83,10 @@ class ControlState(abc.ABC):
     async def remove_worker(self, worker_id: str) -> bool: ...
 
     @abc.abstractmethod
+    async def worker(self, worker_id: str) -> dict[str, Any] | None:
+        """One live record, or None (never registered, removed or expired)."""
+
+    @abc.abstractmethod
     async def workers(self) -> dict[str, dict[str, Any]]:
         """Every live record by worker id."""
 

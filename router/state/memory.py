@@ -51,6 +51,11 @@ class MemoryState(ControlState):
             self._announce(Change("worker", worker_id))
         return removed
 
+    async def worker(self, worker_id: str) -> dict[str, Any] | None:
+        self._expire()
+        entry = self._workers.get(worker_id)
+        return None if entry is None else entry[1]
+
     async def workers(self) -> dict[str, dict[str, Any]]:
         self._expire()
         return {worker_id: record for worker_id, (_, record) in self._workers.items()}

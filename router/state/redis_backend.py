@@ -93,6 +93,10 @@ class RedisState(ControlState):
             await self._announce(Change("worker", worker_id))
         return bool(deleted)
 
+    async def worker(self, worker_id: str) -> dict[str, Any] | None:
+        payload = await self._call(self._redis.get(self._key("worker", worker_id)))
+        return None if payload is None else json.loads(payload)
+
     async def workers(self) -> dict[str, dict[str, Any]]:
         ids = sorted(await self._call(self._redis.smembers(self._key("workers"))))
         if not ids:

@@ -54,6 +54,8 @@ async def test_worker_records_round_trip_and_are_removed(state: ControlState):
         "w1": {"role": "prefill", "model": "m"},
         "w2": {"role": "decode", "model": "m"},
     }
+    assert await state.worker("w2") == {"role": "decode", "model": "m"}
+    assert await state.worker("nobody") is None
     assert await state.remove_worker("w1") is True
     assert await state.remove_worker("w1") is False
     assert list(await state.workers()) == ["w2"]

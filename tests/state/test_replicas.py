@@ -1,0 +1,161 @@
+"""Two router replicas on one real redis-server, in front of one sim cluster.
+
+Agents report to replica A and fail over to B; B knows the workers only through the
+shared state. Tests run in file order: the last one kills A.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from agent import process_group
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
+from modelstore import tiny_llama
+from tests.clusters import MODEL
+from tests.conditions import wait_for
+from tests.generation import generate
+from tests.redis_server import running_redis
+
+OPERATOR = "replica-operator"
+
+
+@dataclass
+class Replicas:
+    cluster: LocalCluster
+    a: str
+    b: str
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    run_dir = tmp_path_factory.mktemp("replicas")
+    with running_redis(run_dir) as redis_url:
+        port_a, port_b = free_ports(2)
+        url_b = f"http://127.0.0.1:{port_b}"
+        env = {"PDSERVE_STATE_URL": redis_url,
+               "PDSERVE_ADMIN_TOKENS": f"sre:operator:{OPERATOR}"}  # fmt: skip
+        plan = ClusterPlan(
+            model_path=tiny_llama.ensure(), served_name=MODEL, prefill=2, decode=2,
+            port=port_a, run_dir=run_dir, ready_timeout_s=60, heartbeat_interval_s=0.5,
+            drain_timeout_s=10, engine="sim", router_env=env, extra_router_urls=(url_b,),
+        )  # fmt: skip
+        cluster = LocalCluster(plan)
+        router_b = process_group.spawn(
+            [sys.executable, "-m", "cli.main", "router", "--port", str(port_b)],
+            env={**os.environ, **env, "PDSERVE_ADMIN_TOKEN": cluster.admin_token},
+            log_path=run_dir / "router-b.log",
+        )
+        try:
+            process_group.wait_until(
+                lambda: process_group.http_ok(url_b + "/health"), timeout_s=60,
+                what="router B", process=router_b,
+            )  # fmt: skip
+            cluster.start()
+            yield Replicas(cluster, cluster.router_url, url_b)
+        finally:
+            cluster.stop()
+            process_group.stop([router_b], grace_s=15)
+
+
+def pools(url: str) -> dict:
+    headers = {"Authorization": f"Bearer {OPERATOR}"}
+    return httpx.get(url + "/admin/v1/pools", headers=headers, timeout=10).json()["models"]
+
+
+def ready_counts(url: str) -> dict[str, int]:
+    workers = pools(url).get(MODEL, {}).get("workers", [])
+    counts = {"prefill": 0, "decode": 0}
+    for w in workers:
+        counts[w["role"]] += w["state"] == "ready"
+    return counts
+
+
+def ask(url: str, i: int) -> int:
+    body = {"model": MODEL, "prompt": f"replica request {i}", "max_tokens": 4}
+    return generate(url, "/v1/completions", body, timeout_s=30).status
+
+
+def test_a_second_replica_serves_the_workers_it_learned_from_the_state(replicas):
+    wait_for(lambda: ready_counts(replicas.b) == {"prefill": 2, "decode": 2}, 20,
+             "replica B to see all four workers ready")  # fmt: skip
+    assert [ask(replicas.b, i) for i in range(6)] == [200] * 6
+
+
+def test_a_ratio_change_through_one_replica_is_enforced_by_both(replicas):
+    headers = {"Authorization": f"Bearer {OPERATOR}"}
+    for prefill, decode in ((3, 1), (2, 2)):
+        answer = httpx.put(f"{replicas.a}/admin/v1/pools/{MODEL}", headers=headers,
+                           json={"prefill": prefill, "decode": decode}, timeout=10)  # fmt: skip
+        assert answer.status_code == 202, answer.text
+        status_url = replicas.a + answer.json()["status_url"]
+        wait_for(lambda s=status_url: httpx.get(s, headers=headers).json()["status"] == "done",
+                 60, f"the change to {prefill}P+{decode}D")  # fmt: skip
+        want = {"prefill": prefill, "decode": decode}
+        for url in (replicas.a, replicas.b):
+            wait_for(lambda u=url, w=want: ready_counts(u) == w, 10, f"{url} to serve {want}")
+            assert pools(url)[MODEL]["target"] == want
+        assert [ask(replicas.b, i) for i in range(4)] == [200] * 4
+
+
+@dataclass
+class RetryingClients:
+    """Clients that send to A and, when A does not answer, retry on B."""
+
+    replicas: Replicas
+    stop: threading.Event = field(default_factory=threading.Event)
+    outcomes: list[str] = field(default_factory=list)
+    retried: int = 0
+
+    def run(self, index: int) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            turn += 1
+            body = {"model": MODEL, "prompt": f"client {index} turn {turn}", "max_tokens": 8,
+                    "stream": turn % 2 == 0}  # fmt: skip
+            for attempt, url in enumerate((self.replicas.a, self.replicas.b)):
+                try:
+                    result = generate(url, "/v1/completions", body, timeout_s=30)
+                except httpx.TransportError:
+                    continue
+                complete = result.done or not body["stream"]
+                if result.status == 200 and complete and not result.error_events:
+                    self.outcomes.append("ok")
+                    self.retried += attempt
+                    break
+                if result.error_events and attempt == 0:
+                    continue  # A died mid-stream: the client retries on B
+                self.outcomes.append(f"{url}: {result.status} {result.body or result.error_events}")
+                break
+            else:
+                self.outcomes.append("no replica answered")
+
+
+def test_killing_a_replica_under_load_loses_nothing(replicas):
+    clients = RetryingClients(replicas)
+    threads = [threading.Thread(target=clients.run, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: clients.outcomes.count("ok") >= 10, 30, "load flowing through A")
+        process_group.signal_group(replicas.cluster.router.pid, signal.SIGKILL)
+        replicas.cluster.router.wait(timeout=10)
+        served = len(clients.outcomes)
+        # Past a heartbeat timeout: B must still see the workers, now reporting to it.
+        wait_for(lambda: len(clients.outcomes) >= served + 40, 60, "load served by B")
+    finally:
+        clients.stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    failures = [o for o in clients.outcomes if o != "ok"]
+    assert failures == [], f"{len(failures)} of {len(clients.outcomes)} failed"
+    assert clients.retried > 0, "no request went to B: A was not under load when killed"
+    assert ready_counts(replicas.b) == {"prefill": 2, "decode": 2}
