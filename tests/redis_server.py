@@ -21,23 +21,40 @@ def _answers(port: int) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def running_redis(workdir: Path) -> Iterator[str]:
-    """Start redis-server (no persistence, loopback only), yield its URL, stop it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed: run `make redis`")
-    (port,) = free_ports(1)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: _answers(port) or process.poll() is not None, 10, "redis-server")
+class RedisServer:
+    """One redis-server (no persistence, loopback only) on a port that survives restarts."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed: run `make redis`")
+        (self.port,) = free_ports(1)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        process = self._process = subprocess.Popen(
+            self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        wait_for(lambda: _answers(self.port) or process.poll() is not None, 10, "redis-server")
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited with {process.returncode}")
-        yield f"redis://127.0.0.1:{port}/0"
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path) -> Iterator[str]:
+    """Start redis-server, yield its URL, stop it."""
+    server = RedisServer(workdir)
+    server.start()
+    try:
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()

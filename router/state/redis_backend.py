@@ -164,19 +164,22 @@ class RedisState(ControlState):
         backoff_s = 0.05
         try:
             while not self._closed.is_set():
-                try:
+                with contextlib.suppress(*_UNREACHABLE):
                     async for message in pubsub.listen():
                         kind, _, key = str(message["data"]).partition(":")
                         yield Change(kind, key)  # type: ignore[arg-type]
                         backoff_s = 0.05
+                # listen() failed or ended (it ends, at once and forever, once the
+                # connection is gone): wait, subscribe again, and re-read everything.
+                await pubsub.aclose()
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _RECONNECT_MAX_S)
+                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                try:
+                    await pubsub.subscribe(self._key("changes"))
                 except _UNREACHABLE:
-                    await pubsub.aclose()
-                    await asyncio.sleep(backoff_s)
-                    backoff_s = min(backoff_s * 2, _RECONNECT_MAX_S)
-                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                    with contextlib.suppress(*_UNREACHABLE):
-                        await pubsub.subscribe(self._key("changes"))
-                        yield Change("resync")  # writes may have passed while we were away
+                    continue
+                yield Change("resync")  # writes may have passed while we were away
         finally:
             await pubsub.aclose()
 

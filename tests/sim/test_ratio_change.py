@@ -5,6 +5,8 @@ A cluster of its own (2 prefill + 2 decode sims), so the shared sim cluster keep
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -180,3 +182,24 @@ def test_a_drained_worker_gets_no_new_work_until_undrained(pd_cluster):
     assert admin(pd_cluster, "POST", f"/admin/v1/workers/{decode}/undrain").status_code == 200
     wait_for(lambda: decode in pd_cluster.ready_workers(), 10, "the worker back in rotation")
     assert admin(pd_cluster, "POST", "/admin/v1/workers/nobody/drain").status_code == 404
+
+
+def test_the_admin_cli_prints_the_pools_and_waits_for_a_change(pd_cluster):
+    def pdserve_admin(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "admin", "--router-url", pd_cluster.router_url,
+             "--token", OPERATOR, *argv],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    shown = pdserve_admin("pools")
+    assert shown.returncode == 0, shown.stderr
+    assert f"{MODEL}: prefill 2/2  decode 2/2" in shown.stdout
+    changed = pdserve_admin("ratio", MODEL, "--prefill", "3", "--decode", "1")
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "done" in changed.stdout and roles(pd_cluster) == {"prefill": 3, "decode": 1}
+    assert pdserve_admin("ratio", MODEL, "--prefill", "2", "--decode", "2").returncode == 0
+    refused = pdserve_admin("ratio", MODEL, "--prefill", "0", "--decode", "4")
+    assert refused.returncode != 0 and "prefill must be at least 1" in refused.stderr
+    audit = pdserve_admin("audit")
+    assert audit.returncode == 0 and "pool_change" in audit.stdout
