@@ -198,7 +198,6 @@ def test_the_admin_cli_prints_the_pools_and_waits_for_a_change(pd_cluster):
     changed = pdserve_admin("ratio", MODEL, "--prefill", "3", "--decode", "1")
     assert changed.returncode == 0, changed.stdout + changed.stderr
     assert "done" in changed.stdout and roles(pd_cluster) == {"prefill": 3, "decode": 1}
-    assert pdserve_admin("ratio", MODEL, "--prefill", "2", "--decode", "2").returncode == 0
     refused = pdserve_admin("ratio", MODEL, "--prefill", "0", "--decode", "4")
     assert refused.returncode != 0 and "prefill must be at least 1" in refused.stderr
     audit = pdserve_admin("audit")

@@ -24,14 +24,17 @@ from modelstore import tiny_llama
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
-from tests.redis_server import running_redis
+from tests.redis_server import RedisServer
 
 OPERATOR = "replica-operator"
+HEADERS = {"Authorization": f"Bearer {OPERATOR}"}
+HEARTBEAT_TIMEOUT_S = 3  # short, so tests can outlast it in seconds
 
 
 @dataclass
 class Replicas:
     cluster: LocalCluster
+    redis: RedisServer
     a: str
     b: str
 
@@ -39,11 +42,16 @@ class Replicas:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     run_dir = tmp_path_factory.mktemp("replicas")
-    with running_redis(run_dir) as redis_url:
+    redis = RedisServer(run_dir)
+    redis.start()
+    try:
         port_a, port_b = free_ports(2)
         url_b = f"http://127.0.0.1:{port_b}"
-        env = {"PDSERVE_STATE_URL": redis_url,
-               "PDSERVE_ADMIN_TOKENS": f"sre:operator:{OPERATOR}"}  # fmt: skip
+        env = {
+            "PDSERVE_STATE_URL": redis.url,
+            "PDSERVE_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+            "PDSERVE_ADMIN_TOKENS": f"sre:operator:{OPERATOR}",
+        }
         plan = ClusterPlan(
             model_path=tiny_llama.ensure(), served_name=MODEL, prefill=2, decode=2,
             port=port_a, run_dir=run_dir, ready_timeout_s=60, heartbeat_interval_s=0.5,
@@ -61,10 +69,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
                 what="router B", process=router_b,
             )  # fmt: skip
             cluster.start()
-            yield Replicas(cluster, cluster.router_url, url_b)
+            yield Replicas(cluster, redis, cluster.router_url, url_b)
         finally:
             cluster.stop()
             process_group.stop([router_b], grace_s=15)
+    finally:
+        redis.stop()
 
 
 def pools(url: str) -> dict:
@@ -105,6 +115,40 @@ def test_a_ratio_change_through_one_replica_is_enforced_by_both(replicas):
             wait_for(lambda u=url, w=want: ready_counts(u) == w, 10, f"{url} to serve {want}")
             assert pools(url)[MODEL]["target"] == want
         assert [ask(replicas.b, i) for i in range(4)] == [200] * 4
+
+
+def change_to_two_and_two(url: str) -> httpx.Response:
+    return httpx.put(f"{url}/admin/v1/pools/{MODEL}", headers=HEADERS,
+                     json={"prefill": 2, "decode": 2}, timeout=10)  # fmt: skip
+
+
+def test_without_redis_serving_goes_on_and_changes_wait_for_it(replicas):
+    """Redis goes away and comes back empty (no persistence): the routers serve on their
+    last view, refuse config changes with a clear 503, and converge when it returns."""
+    url = replicas.a
+    replicas.redis.stop()
+    stopped_s, asked = time.monotonic(), 0
+    # On past a heartbeat timeout: each router keeps trusting its own view, which the
+    # heartbeats it receives still refresh.
+    while time.monotonic() < stopped_s + HEARTBEAT_TIMEOUT_S + 2:
+        assert ask(url, asked) == 200
+        asked += 1
+    refused = change_to_two_and_two(url)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "state_unavailable"
+    assert "Retry-After" in refused.headers
+    drain = httpx.post(f"{url}/admin/v1/workers/prefill-0/drain", headers=HEADERS, timeout=10)
+    assert drain.status_code == 503
+    assert "prefill-0" in replicas.cluster.ready_workers(), "a refused drain must not hold"
+    assert httpx.get(f"{url}/admin/v1/pools", headers=HEADERS, timeout=10).status_code == 200
+
+    replicas.redis.start()  # empty
+    wait_for(lambda: change_to_two_and_two(url).status_code == 202, 30, "changes accepted")
+    for replica in (replicas.a, replicas.b):
+        wait_for(lambda r=replica: ready_counts(r) == {"prefill": 2, "decode": 2}, 20,
+                 f"{replica} to see every worker again")  # fmt: skip
+        assert pools(replica)[MODEL]["target"] == {"prefill": 2, "decode": 2}
+        assert [ask(replica, i) for i in range(3)] == [200] * 3
 
 
 @dataclass
@@ -150,10 +194,11 @@ def test_killing_a_replica_under_load_loses_nothing(replicas):
         process_group.signal_group(replicas.cluster.router.pid, signal.SIGKILL)
         replicas.cluster.router.wait(timeout=10)
         killed_s, served = time.monotonic(), len(clients.outcomes)
-        # Load goes on past the heartbeat timeout (10 s): B keeps the workers only if the
-        # agents now report to it.
+        # Load goes on past the heartbeat timeout: B keeps the workers only if the agents
+        # now report to it.
         wait_for(
-            lambda: time.monotonic() > killed_s + 12 and len(clients.outcomes) >= served + 40,
+            lambda: time.monotonic() > killed_s + HEARTBEAT_TIMEOUT_S + 2
+            and len(clients.outcomes) >= served + 20,
             60, "load served by B past a heartbeat timeout",
         )  # fmt: skip
     finally:
