@@ -119,7 +119,9 @@ def _control_plane(
     sync = StateSync(
         state, registry=registry, record_ttl_s=settings.health.forget_after_s,
         on_registered=prefixes.on_registered, on_gone=forget,
-        on_control=lambda wanted: pools.adopt(wanted), clock=clock,
+        on_control=lambda wanted: pools.adopt(wanted),
+        settled=lambda worker_id, role: pools.settled(worker_id, role),
+        wanted=lambda: pools.wanted(), clock=clock,
     )  # fmt: skip
     pools = PoolController(
         settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,

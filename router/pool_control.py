@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -101,7 +101,6 @@ class PoolController:
         self._wanted: dict[str, WorkerRole] = {}
         self._operations: dict[str, Operation] = {}
         self._running: dict[str, tuple[Operation, asyncio.Task[None]]] = {}
-        self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
         return f"PoolController(running={sorted(self._running)}, switching={self._wanted})"
@@ -125,6 +124,16 @@ class PoolController:
     def adopt(self, wanted: dict[str, WorkerRole]) -> None:
         """The shared view of which workers switch roles (another replica changed it)."""
         self._wanted = dict(wanted)
+
+    def settled(self, worker_id: str, role: WorkerRole) -> bool:
+        """A worker registered in ``role``: if that was the role asked of it, its switch is
+        over, whichever replica ran the operation (even one that died since): release it.
+        True if anything changed."""
+        if self._wanted.get(worker_id) is not role:
+            return False
+        del self._wanted[worker_id]
+        self._registry.release(worker_id)
+        return True
 
     def operation(self, operation_id: str) -> Operation | None:
         return self._operations.get(operation_id)
@@ -167,7 +176,7 @@ class PoolController:
 
     async def change(self, model: str, target: PoolTargets, actor: str) -> Operation:
         operation = Operation(
-            id=f"op-{next(self._ids)}", model=model, target=target, actor=actor,
+            id=f"op-{uuid.uuid4().hex[:12]}", model=model, target=target, actor=actor,
             created_unix_s=self._wall_clock(),
         )  # fmt: skip
         self._keep(operation)

@@ -45,6 +45,8 @@ class StateSync:
         on_registered: Callable[[WorkerRegistration, bool], None],
         on_gone: Callable[[str], None],
         on_control: Callable[[dict[str, WorkerRole]], None],
+        settled: Callable[[str, WorkerRole], bool],
+        wanted: Callable[[], dict[str, WorkerRole]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
@@ -53,6 +55,8 @@ class StateSync:
         self._on_registered = on_registered
         self._on_gone = on_gone
         self._on_control = on_control
+        self._settled = settled
+        self._wanted = wanted
         self._clock = clock
         self._backend_down = False
 
@@ -63,6 +67,8 @@ class StateSync:
 
     async def registered(self, registration: WorkerRegistration) -> None:
         await self._write(self._record(registration, None))
+        if self._settled(registration.worker_id, registration.role):
+            await self._share_control()
 
     async def heartbeat(self, beat: WorkerHeartbeat) -> None:
         worker = self._registry.get(beat.worker_id)
@@ -127,6 +133,8 @@ class StateSync:
         if new_incarnation or current is None or current.role is not registration.role:
             self._registry.register(registration, now)
             self._on_registered(registration, new_incarnation)
+            if self._settled(worker_id, registration.role):
+                await self._share_control()
         if record.get("heartbeat"):
             self._registry.heartbeat(WorkerHeartbeat.model_validate(record["heartbeat"]), now)
 
@@ -139,6 +147,12 @@ class StateSync:
         self._on_control({w: WorkerRole(role) for w, role in control.get("wanted", {}).items()})
 
     # -- helpers ----------------------------------------------------------------
+
+    async def _share_control(self) -> None:
+        try:
+            await self.publish_control(self._wanted())
+        except StateUnavailable as error:
+            log.warning("could not share a settled re-role: %s", error)
 
     def _record(
         self, registration: WorkerRegistration, beat: WorkerHeartbeat | None

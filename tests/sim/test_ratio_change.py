@@ -119,6 +119,21 @@ def test_a_ratio_change_under_load_converges_and_drops_nothing(pd_cluster):
     assert changes == [("sre", "accepted"), ("sre", "done")] * 2
 
 
+def test_a_second_change_supersedes_the_first_at_its_step_boundary(pd_cluster):
+    path = f"/admin/v1/pools/{MODEL}"
+    first = admin(pd_cluster, "PUT", path, json={"prefill": 3, "decode": 1}).json()
+    second = admin(pd_cluster, "PUT", path, json={"prefill": 2, "decode": 2}).json()
+
+    def status(operation: dict) -> str:
+        return admin(pd_cluster, "GET", operation["status_url"], VIEWER).json()["status"]
+
+    wait_for(lambda: status(second) != "running", 120, "the second change")
+    assert (status(first), status(second)) == ("superseded", "done")
+    assert roles(pd_cluster) == {"prefill": 2, "decode": 2}
+    wait_for(lambda: all(w["state"] == "ready" for w in pool_workers(pd_cluster)), 30,
+             "every worker ready after the switch back")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
