@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -18,6 +16,7 @@ from benchmarks.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
+from tests.client_load import ClientLoad
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
@@ -52,32 +51,6 @@ def roles(cluster: LocalCluster) -> dict[str, int]:
     return admin(cluster, "GET", "/admin/v1/pools", VIEWER).json()["models"][MODEL]["counts"]
 
 
-@dataclass
-class Load:
-    """Clients sending streamed and whole requests until stopped; every outcome kept."""
-
-    url: str
-    stop: threading.Event = field(default_factory=threading.Event)
-    outcomes: list[str] = field(default_factory=list)
-
-    def run(self, index: int) -> None:
-        turn = 0
-        while not self.stop.is_set():
-            turn += 1
-            body = {"model": MODEL, "prompt": f"client {index} turn {turn} " * 20,
-                    "max_tokens": 16, "stream": turn % 2 == 0}  # fmt: skip
-            try:
-                result = generate(self.url, "/v1/completions", body, timeout_s=60)
-            except httpx.HTTPError as error:
-                self.outcomes.append(f"transport: {error!r}")
-                continue
-            whole = result.done or not body["stream"]
-            ok = result.status == 200 and whole and not result.error_events
-            self.outcomes.append(
-                "ok" if ok else f"{result.status} {result.body or result.error_events}"
-            )
-
-
 def change_and_wait(cluster: LocalCluster, prefill: int, decode: int) -> dict:
     answer = admin(
         cluster, "PUT", f"/admin/v1/pools/{MODEL}", json={"prefill": prefill, "decode": decode}
@@ -93,10 +66,8 @@ def change_and_wait(cluster: LocalCluster, prefill: int, decode: int) -> dict:
 
 
 def test_a_ratio_change_under_load_converges_and_drops_nothing(pd_cluster):
-    load = Load(pd_cluster.router_url)
-    clients = [threading.Thread(target=load.run, args=(i,)) for i in range(4)]
-    for client in clients:
-        client.start()
+    load = ClientLoad((pd_cluster.router_url,), max_tokens=16)
+    load.start(clients=4)
     try:
         wait_for(lambda: load.outcomes.count("ok") >= 8, 60, "load flowing before the change")
         there = change_and_wait(pd_cluster, prefill=3, decode=1)
@@ -109,10 +80,7 @@ def test_a_ratio_change_under_load_converges_and_drops_nothing(pd_cluster):
         assert roles(pd_cluster) == {"prefill": 2, "decode": 2}
         wait_for(lambda: len(load.outcomes) > served_during + 8, 60, "load served after it")
     finally:
-        load.stop.set()
-        for client in clients:
-            client.join(timeout=90)
-    failures = [o for o in load.outcomes if o != "ok"]
+        failures = load.finish()
     assert failures == [], f"{len(failures)} of {len(load.outcomes)} requests failed"
     audit = admin(pd_cluster, "GET", "/admin/v1/audit", VIEWER).json()["entries"]
     changes = [(e["actor"], e["outcome"]) for e in audit if e["action"] == "pool_change"]

@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ from agent import process_group
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
+from tests.client_load import ClientLoad
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
@@ -151,44 +151,9 @@ def test_without_redis_serving_goes_on_and_changes_wait_for_it(replicas):
         assert [ask(replica, i) for i in range(3)] == [200] * 3
 
 
-@dataclass
-class RetryingClients:
-    """Clients that send to A and, when A does not answer, retry on B."""
-
-    replicas: Replicas
-    stop: threading.Event = field(default_factory=threading.Event)
-    outcomes: list[str] = field(default_factory=list)
-    retried: int = 0
-
-    def run(self, index: int) -> None:
-        turn = 0
-        while not self.stop.is_set():
-            turn += 1
-            body = {"model": MODEL, "prompt": f"client {index} turn {turn}", "max_tokens": 8,
-                    "stream": turn % 2 == 0}  # fmt: skip
-            for attempt, url in enumerate((self.replicas.a, self.replicas.b)):
-                try:
-                    result = generate(url, "/v1/completions", body, timeout_s=30)
-                except httpx.TransportError:
-                    continue
-                complete = result.done or not body["stream"]
-                if result.status == 200 and complete and not result.error_events:
-                    self.outcomes.append("ok")
-                    self.retried += attempt
-                    break
-                if result.error_events and attempt == 0:
-                    continue  # A died mid-stream: the client retries on B
-                self.outcomes.append(f"{url}: {result.status} {result.body or result.error_events}")
-                break
-            else:
-                self.outcomes.append("no replica answered")
-
-
 def test_killing_a_replica_under_load_loses_nothing(replicas):
-    clients = RetryingClients(replicas)
-    threads = [threading.Thread(target=clients.run, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
+    clients = ClientLoad((replicas.a, replicas.b))
+    clients.start(clients=3)
     try:
         wait_for(lambda: clients.outcomes.count("ok") >= 10, 30, "load flowing through A")
         process_group.signal_group(replicas.cluster.router.pid, signal.SIGKILL)
@@ -202,10 +167,7 @@ def test_killing_a_replica_under_load_loses_nothing(replicas):
             60, "load served by B past a heartbeat timeout",
         )  # fmt: skip
     finally:
-        clients.stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
-    failures = [o for o in clients.outcomes if o != "ok"]
+        failures = clients.finish()
     assert failures == [], f"{len(failures)} of {len(clients.outcomes)} failed"
     assert clients.retried > 0, "no request went to B: A was not under load when killed"
     assert ready_counts(replicas.b) == {"prefill": 2, "decode": 2}
