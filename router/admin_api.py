@@ -76,10 +76,13 @@ async def change_pool(request: Request, model: str) -> JSONResponse:
 
 
 async def get_operation(request: Request, operation_id: str) -> dict[str, Any]:
-    operation = parts_of(request).pools.operation(operation_id)
+    try:
+        operation = await parts_of(request).pools.operation(operation_id)
+    except StateUnavailable as error:
+        raise _state_down(error) from None
     if operation is None:
         raise NotFound(f"no operation {operation_id!r}", code="operation_not_found")
-    return operation.as_dict()
+    return operation
 
 
 async def drain_worker(request: Request, worker_id: str) -> dict[str, Any]:

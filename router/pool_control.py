@@ -32,11 +32,12 @@ from router.errors import InvalidRequest
 from router.load import InFlightLoad
 from router.registry import WorkerRegistry, WorkerState
 from router.settings import ControlSettings
-from router.state.base import AuditEntry, ControlState, PoolTargets
+from router.state.base import AuditEntry, ControlState, PoolTargets, StateUnavailable
 
 log = logging.getLogger("pdserve.router")
 
 PD_ROLES = (WorkerRole.PREFILL, WorkerRole.DECODE)
+_OPERATION = "operation:"  # state document name prefix
 OperationStatus = Literal["running", "done", "superseded", "failed"]
 
 
@@ -135,8 +136,13 @@ class PoolController:
         self._registry.release(worker_id)
         return True
 
-    def operation(self, operation_id: str) -> Operation | None:
-        return self._operations.get(operation_id)
+    async def operation(self, operation_id: str) -> dict[str, Any] | None:
+        """An operation as this replica ran it, or as another replica last saved it."""
+        local = self._operations.get(operation_id)
+        if local is not None:
+            return local.as_dict()
+        stored = await self._state.document(_OPERATION + operation_id)
+        return None if stored is None else stored[1]
 
     def worker_state(self, worker: WorkerState, now_s: float) -> str:
         """starting, ready, draining, re-roling or down, as the pools view shows it."""
@@ -179,9 +185,9 @@ class PoolController:
             id=f"op-{uuid.uuid4().hex[:12]}", model=model, target=target, actor=actor,
             created_unix_s=self._wall_clock(),
         )  # fmt: skip
-        self._keep(operation)
         previous = self._running.get(model)
         await self._state.set_targets(model, target)
+        await self._keep(operation)
         await self._audit(operation, "pool_change", "accepted")
         task = asyncio.create_task(self._run(operation, previous))
         self._running[model] = (operation, task)
@@ -209,6 +215,7 @@ class PoolController:
             operation.finished_unix_s = self._wall_clock()
             if self._running.get(operation.model, (None,))[0] is operation:
                 del self._running[operation.model]
+            await self._save(operation)
             await self._audit(operation, "pool_change", operation.status)
 
     async def _converge(self, operation: Operation) -> None:
@@ -219,8 +226,10 @@ class PoolController:
                 return
             operation.steps.extend(step)
             await self._publish(self.wanted())
+            await self._save(operation)
             switched = await self._switched(step)
             await self._publish(self.wanted())
+            await self._save(operation)
             if not switched:
                 operation.status = "failed"
                 operation.detail = (
@@ -276,13 +285,29 @@ class PoolController:
         self._wanted.pop(step.worker_id, None)
         self._registry.release(step.worker_id)
 
-    def _keep(self, operation: Operation) -> None:
+    async def _keep(self, operation: Operation) -> None:
         self._operations[operation.id] = operation
+        await self._save(operation)
         while len(self._operations) > self._settings.max_operations_kept:
             oldest = next(iter(self._operations))
             del self._operations[oldest]
+            with contextlib.suppress(StateUnavailable):
+                await self._state.delete_document(_OPERATION + oldest)
+
+    async def _save(self, operation: Operation) -> None:
+        """Other replicas answer GET for it from the state; a lost save costs only that."""
+        try:
+            await self._state.put_document(_OPERATION + operation.id, operation.as_dict())
+        except StateUnavailable as error:
+            log.warning("operation %s not saved to the state: %s", operation.id, error)
 
     async def _audit(self, operation: Operation, action: str, outcome: str) -> None:
+        try:
+            await self._append_audit(operation, action, outcome)
+        except StateUnavailable as error:
+            log.error("audit of %s %s lost (state down): %s", operation.id, outcome, error)
+
+    async def _append_audit(self, operation: Operation, action: str, outcome: str) -> None:
         await self._state.append_audit(
             AuditEntry(
                 at_unix_s=self._wall_clock(), actor=operation.actor, action=action,

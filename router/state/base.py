@@ -104,6 +104,9 @@ class ControlState(abc.ABC):
     async def document(self, name: str) -> tuple[int, dict[str, Any]] | None: ...
 
     @abc.abstractmethod
+    async def delete_document(self, name: str) -> bool: ...
+
+    @abc.abstractmethod
     async def append_audit(self, entry: AuditEntry) -> None: ...
 
     @abc.abstractmethod

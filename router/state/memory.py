@@ -77,6 +77,9 @@ class MemoryState(ControlState):
     async def document(self, name: str) -> tuple[int, dict[str, Any]] | None:
         return self._documents.get(name)
 
+    async def delete_document(self, name: str) -> bool:
+        return self._documents.pop(name, None) is not None
+
     async def append_audit(self, entry: AuditEntry) -> None:
         self._audit.append(entry)
 

@@ -139,6 +139,13 @@ class RedisState(ControlState):
             return None
         return int(version), json.loads(payload)
 
+    async def delete_document(self, name: str) -> bool:
+        async with self._redis.pipeline(transaction=True) as multi:
+            multi.hdel(self._key("doc"), name)
+            multi.hdel(self._key("docver"), name)
+            deleted, _ = await self._call(multi.execute())
+        return bool(deleted)
+
     async def append_audit(self, entry: AuditEntry) -> None:
         payload = json.dumps(
             {"at_unix_s": entry.at_unix_s, "actor": entry.actor, "action": entry.action,

@@ -110,6 +110,8 @@ def test_a_ratio_change_through_one_replica_is_enforced_by_both(replicas):
         status_url = replicas.a + answer.json()["status_url"]
         wait_for(lambda s=status_url: httpx.get(s, headers=headers).json()["status"] == "done",
                  60, f"the change to {prefill}P+{decode}D")  # fmt: skip
+        on_b = httpx.get(replicas.b + answer.json()["status_url"], headers=headers).json()
+        assert on_b["status"] == "done" and on_b["id"] == answer.json()["operation"]
         want = {"prefill": prefill, "decode": decode}
         for url in (replicas.a, replicas.b):
             wait_for(lambda u=url, w=want: ready_counts(u) == w, 10, f"{url} to serve {want}")

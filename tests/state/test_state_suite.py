@@ -83,6 +83,9 @@ async def test_documents_are_versioned_whole(state: ControlState):
     assert await state.put_document("pools", {"m": {"prefill": 1}}) == 1
     assert await state.put_document("pools", {"m": {"prefill": 2}}) == 2
     assert await state.document("pools") == (2, {"m": {"prefill": 2}})
+    assert await state.delete_document("pools") is True
+    assert await state.delete_document("pools") is False
+    assert await state.document("pools") is None
 
 
 async def test_targets_per_model(state: ControlState):
