@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from contracts.workers import WorkerRole
 from router.access import Access, Route, actor_of, parts_of
@@ -24,6 +25,16 @@ from router.state.base import AuditEntry, StateUnavailable
 log = logging.getLogger("pdserve.router")
 
 _CHANGE_BODY_BYTES = 4096
+
+
+class PoolChange(BaseModel):
+    """Either both counts, or a ratio spread over the model's P/D workers."""
+
+    prefill: int | None = Field(None, ge=1, description="prefill workers wanted")
+    decode: int | None = Field(None, ge=1, description="decode workers wanted")
+    ratio: str | None = Field(None, examples=["3:1"], description="prefill:decode instead")
+
+
 _AUDIT_LIMIT_MAX = 1000
 
 
@@ -169,7 +180,7 @@ async def _audit(request: Request, action: str, target: str) -> None:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/v1/pools", list_pools, Access.VIEWER),
-    Route("PUT", "/admin/v1/pools/{model}", change_pool, Access.OPERATOR),
+    Route("PUT", "/admin/v1/pools/{model}", change_pool, Access.OPERATOR, body=PoolChange),
     Route("GET", "/admin/v1/operations/{operation_id}", get_operation, Access.VIEWER),
     Route("POST", "/admin/v1/workers/{worker_id}/drain", drain_worker, Access.OPERATOR),
     Route("POST", "/admin/v1/workers/{worker_id}/undrain", undrain_worker, Access.OPERATOR),

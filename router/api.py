@@ -22,6 +22,7 @@ from router.errors import APIError, NotFound, Overloaded
 from router.http_io import json_body, parsed, unless_disconnected
 from router.prepare import Endpoint, prepare
 from router.registry import RegistryFull
+from router.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("pdserve.router")
 
@@ -148,13 +149,17 @@ async def list_workers(request: Request) -> dict[str, Any]:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/completions", completions, Access.CLIENT),
-    Route("POST", "/v1/chat/completions", chat_completions, Access.CLIENT),
+    Route("POST", "/v1/completions", completions, Access.CLIENT, body=CompletionRequest),
+    Route(
+        "POST", "/v1/chat/completions", chat_completions, Access.CLIENT, body=ChatCompletionRequest
+    ),
     Route("GET", "/v1/models", list_models, Access.CLIENT),
     Route("GET", "/health", health, Access.PUBLIC),
     Route("GET", "/metrics", prometheus_metrics, Access.PUBLIC),
-    Route("POST", "/admin/workers/register", register_worker, Access.ADMIN),
-    Route("POST", "/admin/workers/heartbeat", heartbeat, Access.ADMIN),
+    Route(
+        "POST", "/admin/workers/register", register_worker, Access.ADMIN, body=WorkerRegistration
+    ),
+    Route("POST", "/admin/workers/heartbeat", heartbeat, Access.ADMIN, body=WorkerHeartbeat),
     Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.ADMIN),
     Route("GET", "/admin/workers", list_workers, Access.ADMIN),
     *admin_api.ROUTES,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from router.access import guarded
+from router.access import body_components, guarded, openapi_extra
 from router.admit import Admission
 from router.api import ROUTES
 from router.background import keep_running
@@ -153,8 +153,26 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
     for route in ROUTES:
-        app.add_api_route(route.path, guarded(route), methods=[route.method])
+        app.add_api_route(
+            route.path, guarded(route), methods=[route.method], openapi_extra=openapi_extra(route)
+        )
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Add the models nested in the request bodies to /openapi.json's components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = generate()
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(
+                body_components(ROUTES)
+            )
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager]:
