@@ -19,12 +19,12 @@ import pytest
 from agent import process_group
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
+from localrun.redis_server import RedisServer
 from modelstore import tiny_llama
 from tests.client_load import ClientLoad
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
-from tests.redis_server import RedisServer
 
 OPERATOR = "replica-operator"
 HEADERS = {"Authorization": f"Bearer {OPERATOR}"}

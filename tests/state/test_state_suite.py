@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from localrun.redis_server import running_redis
 from router.state.base import AuditEntry, Change, ControlState, PoolTargets, StateFull, StateLimits
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
-from tests.redis_server import running_redis
 
 LIMITS = StateLimits(max_workers=3, max_audit_entries=5, max_document_bytes=1024)
 

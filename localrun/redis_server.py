@@ -1,17 +1,21 @@
-"""A real redis-server on a free loopback port, for the state tests (``make redis`` installs it)."""
+"""A redis-server of our own on a free loopback port (tests and benchmarks; `make redis`).
+
+No persistence, loopback only; the port survives ``stop()``/``start()``, so an outage can
+be staged and ended.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import redis
 
 from localrun.ports import free_ports
-from tests.conditions import wait_for
 
 
 def _answers(port: int) -> bool:
@@ -22,8 +26,6 @@ def _answers(port: int) -> bool:
 
 
 class RedisServer:
-    """One redis-server (no persistence, loopback only) on a port that survives restarts."""
-
     def __init__(self, workdir: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -34,13 +36,20 @@ class RedisServer:
                       "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
         self._process: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def __repr__(self) -> str:
+        return f"RedisServer({self.url})"
+
+    def start(self, timeout_s: float = 10) -> None:
         process = self._process = subprocess.Popen(
             self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
-        wait_for(lambda: _answers(self.port) or process.poll() is not None, 10, "redis-server")
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {process.returncode}")
+        deadline = time.monotonic() + timeout_s
+        while not _answers(self.port):
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server not answering after {timeout_s:.0f}s")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self._process is not None:
