@@ -8,6 +8,8 @@ traffic sent through one replica, then split across two (alternate requests), ro
 interleaved; while it runs, every decode engine's own ``vllm:num_requests_running`` is
 sampled every 0.2 s. Imbalance per sample = the busiest decode engine's running requests
 over the pool's mean (1.0 = even; samples with nothing running are left out and counted).
+Then convergence: a drain and an undrain made through replica A, ten times each, timed
+until replica B's pools view shows them (B polled back to back).
 
     python -m benchmarks.replica_load [--rate 6] [--duration-s 30] [--rounds 2]
 """
@@ -85,6 +87,29 @@ async def one_round(urls: list[str], engines: list[str], args: argparse.Namespac
     }
 
 
+async def convergence(url_a: str, url_b: str, token: str, worker: str, times: int) -> dict:
+    """Seconds from a drain (and an undrain) answered by A until B shows it, by polling B."""
+    headers = {"Authorization": f"Bearer {token}"}
+    seen: list[float] = []
+    async with aiohttp.ClientSession(headers=headers) as session:
+
+        async def state_on_b() -> str:
+            async with session.get(url_b + "/admin/v1/pools") as response:
+                pools = (await response.json())["models"][tiny_llama.SERVED_NAME]["workers"]
+            return next(w["state"] for w in pools if w["worker_id"] == worker)
+
+        for index in range(2 * times):
+            action, want = ("drain", "draining") if index % 2 == 0 else ("undrain", "ready")
+            async with session.post(f"{url_a}/admin/v1/workers/{worker}/{action}") as answer:
+                assert answer.status == 200, await answer.text()
+            done_s = time.perf_counter()
+            while await state_on_b() != want:
+                if time.perf_counter() - done_s > 10:
+                    raise RuntimeError(f"B never showed {worker} {want}")
+            seen.append(time.perf_counter() - done_s)
+    return {"changes": len(seen), "ms": percentiles(seen), "max_ms": 1000 * max(seen)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=6.0)
@@ -123,13 +148,19 @@ def main(argv: list[str] | None = None) -> int:
                 result = asyncio.run(one_round(urls, engines, args))
                 print(f"  round {index + 1}, {len(urls)} replica(s): {result}", flush=True)
                 rounds.append(result)
+        worker = next(w.name for w in cluster.workers if w.role == "decode")
+        converged = asyncio.run(
+            convergence(cluster.router_url, url_b, cluster.admin_token, worker, times=10)
+        )
+        print(f"  drain/undrain on A seen by B: {converged}", flush=True)
     finally:
         cluster.stop()
         process_group.stop([router_b], grace_s=15)
         redis.stop()
     report = {"title": "decode load balance: one router replica vs two",
               "command": "python -m benchmarks.replica_load " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d"), "decode_workers": 4, "rounds": rounds}  # fmt: skip
+              "date": time.strftime("%Y-%m-%d"), "decode_workers": 4, "rounds": rounds,
+              "convergence": converged}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replica_load.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}/replica_load.json (logs: {run_dir})")
