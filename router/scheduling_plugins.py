@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from router.load import InFlight
 from router.registry import WorkerState
@@ -87,6 +88,7 @@ class Policy:
     picker: str
 
 
+P = TypeVar("P")
 Filter = Callable[[list[Candidate], PickContext], list[Candidate]]
 Scorer = Callable[[Candidate], float]
 Picker = Callable[[list[Candidate], PickContext], tuple[Candidate, str]]
@@ -109,16 +111,26 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+def _registrar(registry: dict[str, P], name: str) -> Callable[[P], P]:
+    def register(plugin: P) -> P:
+        if name in registry:  # a second plugin under a taken name would be silently ignored
+            raise ValueError(f"a plugin named {name!r} is already registered")
+        registry[name] = plugin
+        return plugin
+
+    return register
+
+
 def register_filter(name: str) -> Callable[[Filter], Filter]:
-    return lambda plugin: FILTERS.setdefault(name, plugin)
+    return _registrar(FILTERS, name)
 
 
 def register_picker(name: str) -> Callable[[Picker], Picker]:
-    return lambda plugin: PICKERS.setdefault(name, plugin)
+    return _registrar(PICKERS, name)
 
 
 def register_decider(name: str) -> Callable[[Decider], Decider]:
-    return lambda plugin: DECIDERS.setdefault(name, plugin)
+    return _registrar(DECIDERS, name)
 
 
 def parse_weights(spec: str) -> dict[str, float]:

@@ -158,3 +158,11 @@ def test_a_worker_whose_load_is_unknown_is_used_only_when_no_load_is_known(polic
         decision = pick(pipeline, [blind, busy], {"a": 8}, loads={"b": InFlight(requests=5)})
         assert decision.worker.worker_id == "b"
     assert pick(pipeline, [blind], {}).worker.worker_id == "a"
+
+
+def test_a_plugin_name_cannot_be_registered_twice():
+    from router.scheduling_plugins import FILTERS, register_filter
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_filter("bounded_load")(lambda candidates, context: candidates)
+    assert FILTERS["bounded_load"].__name__ == "bounded_load"
