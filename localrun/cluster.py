@@ -29,6 +29,9 @@ from localrun.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
 
+# After this long without a worker ready, the progress lines quote what it last logged.
+SLOW_START_S = 90.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterPlan:
@@ -168,6 +171,10 @@ class LocalCluster:
                 waiting = [w.name for w in self.workers if w.name not in ready]
                 elapsed_s = time.monotonic() - started
                 self._say(f"      {elapsed_s:3.0f}s  waiting for {', '.join(waiting)}")
+                if elapsed_s >= SLOW_START_S and round(elapsed_s) % 30 < 5:
+                    # A worker this slow is stuck or starved: say what it last did.
+                    for name in waiting:
+                        self._say(f"            {name}: {self.last_log_line(name)}")
                 next_report_s += 5
             if time.monotonic() - started > self.plan.ready_timeout_s:
                 raise RuntimeError(
@@ -206,6 +213,14 @@ class LocalCluster:
     def ready_workers(self) -> list[str]:
         return [wid for wid, w in self.worker_status().items() if w["eligible"]]
 
+    def last_log_line(self, name: str) -> str:
+        """The newest line a worker's engine (or else its agent) wrote, cut to 160 chars."""
+        for path in (self.run_dir / f"{name}.engine.log", self.run_dir / f"{name}.log"):
+            lines = _tail(path, 1)
+            if lines:
+                return lines[-1][:160]
+        return "(no log yet)"
+
     def worker(self, name: str) -> WorkerPlan:
         return next(w for w in self.workers if w.name == name)
 
@@ -238,3 +253,14 @@ class LocalCluster:
             "admin_token_file": str(token_file),
             "workers": [dict(asdict(w), agent_pid=self.agents[w.name].pid) for w in self.workers],
         }, indent=2))  # fmt: skip
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` non-empty lines of a log, reading at most its last 64 KiB."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, path.stat().st_size - 65536))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]

@@ -36,7 +36,7 @@ def test_pdserve_up_pd_answers_then_stops_without_orphans(tiny_model, tmp_path):
     )  # fmt: skip
     try:
         output = _read_until(launcher, "curl -N", timeout_s=400)
-        assert READY in output, output
+        assert READY in output, output[-3000:] + _log_tails(tmp_path / "run")
 
         result = generate(f"http://127.0.0.1:{port}", "/v1/chat/completions", {
             "model": tiny_llama.SERVED_NAME, "messages": [{"role": "user", "content": "hello"}],
@@ -79,6 +79,15 @@ def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str
         if marker in line or time.monotonic() > deadline:
             break
     return "".join(lines)
+
+
+def _log_tails(run_dir, lines: int = 25) -> str:
+    """The end of every process's log: what CI shows when a worker never got ready."""
+    parts = []
+    for log in sorted(run_dir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"\n--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "".join(parts)
 
 
 def _alive(process: psutil.Process) -> bool:
