@@ -10,6 +10,7 @@ _GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:num_preemptions_total": "num_preemptions",
 }
 
 

@@ -39,6 +39,8 @@ class WorkerLoad(BaseModel):
     # against its own predictions.
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    # Lifetime count of requests the engine preempted (KV ran out mid-decode).
+    num_preemptions: float = 0.0
     # False when the agent could not read the engine's /metrics: the zeros above are
     # then not "idle", and the router prefers any worker whose load it knows.
     known: bool = True

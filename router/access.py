@@ -1,7 +1,8 @@
 """Who may call what: each route's access level, checked before its handler runs.
 
 - ``public``: no credentials (health, metrics);
-- ``client``: an API key from ``api_keys`` when any is set;
+- ``client``: an API key from ``api_keys`` or a tenant's ``keys`` when any is set; the
+  caller's tenant (``tenants.py``) is left on ``request.state.tenant``;
 - ``viewer`` / ``operator`` / ``admin``: a scoped admin token (``admin_tokens``); each
   scope includes the ones before it. ``admin_token`` (what agents register with) is an
   admin-scoped token named ``agents``. No token configured at all: the admin API answers
@@ -78,9 +79,10 @@ def authorize(request: Request, access: Access) -> None:
         return
     token = _bearer(request)
     if access is Access.CLIENT:
-        keys = parts.settings.server.api_keys
+        keys = {*parts.settings.server.api_keys, *parts.tenants.keys()}
         if keys and (token is None or _match(token, {k: ("client", "") for k in keys}) is None):
             raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+        request.state.tenant = parts.tenants.identify(token if keys else None)
         return
     if not parts.admin_tokens:
         raise Forbidden("the admin API is disabled: set PDSERVE_ADMIN_TOKEN on the router")

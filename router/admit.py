@@ -1,23 +1,225 @@
-"""The admit stage: may this request start now? Runs after prepare, before schedule.
+"""The admit stage: may this request start now, and under what limits? After prepare,
+before schedule.
 
-Empty today, on purpose: every request is admitted. This is where admission control
-lands (tenant token buckets, prefill queue bounds in uncached tokens, predicted-TTFT
-early rejection, decode KV headroom): it sees the prepared request, the pools that
-would serve it and the prompt's blocks, and either returns or raises an ``APIError``
-(429 with Retry-After, 503).
+In order, cheapest first; each refusal is OpenAI's error shape, and every 429 carries
+``Retry-After`` and ``x-pdserve-reject-reason``:
+1. limits (``request_limits``): message count and size (checked before tokenizing), the
+   tenant's prompt and output caps, the default output cap;
+2. the tenant's token buckets, requests and tokens per minute (shared through the
+   control-plane state: Redis when replicas share it). A state that cannot be reached
+   lets the request through, counted: rate limits fail open, serving does not stop;
+3. decode KV headroom: some decode worker can hold prompt + max output and has not
+   preempted within the cooldown, else 429 now, before any prefill is spent on it;
+4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus the router's
+   queue ahead of it: over the SLO (the model's, or the client's if lower) is a 429 at
+   once, since work that will miss is not worth accepting;
+5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens per
+   worker; a request waits there by priority and tenant share, and is dropped with a 429
+   if it cannot start by its deadline (arrival + SLO - its own prefill time).
+The grant it returns is released once the request's prefill is done.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from router.admission_queue import Grant, PrefillQueue, QueueDeadline, QueueFull
+from router.context_window import context_limit
+from router.errors import Overloaded
+from router.load import InFlightLoad
+from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.prompt_blocks import PromptBlocks
-from router.registry import Pools
+from router.registry import Pools, WorkerState
+from router.request_limits import apply_output_cap, check_prompt_cap, check_shape, requested_output
+from router.schedule import Scheduler
+from router.scheduling_plugins import has_kv_room, thrashing
+from router.settings import AdmissionSettings
+from router.state.base import ControlState, StateUnavailable
+from router.token_bucket import BucketRate
+from router.ttft_predictor import TTFTPredictor
+
+log = logging.getLogger("pdserve.router")
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    request: PreparedRequest  # with its output cap, KV reservation and predicted TTFT
+    grant: Grant
+
+
+@dataclass(frozen=True, slots=True)
+class _Forecast:
+    ttft_s: float
+    own_prefill_s: float  # its own prefill on the best worker, with no queue
+    uncached_tokens: int
 
 
 class Admission:
-    def __repr__(self) -> str:
-        return "Admission(admit everything)"
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        *,
+        state: ControlState,
+        scheduler: Scheduler,
+        load: InFlightLoad,
+        predictor: TTFTPredictor,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self._scheduler = scheduler
+        self._load = load
+        self._predictor = predictor
+        self._metrics = metrics
+        self._clock = clock
+        self._queues: dict[str, PrefillQueue] = {}
 
-    async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> None:
+    def __repr__(self) -> str:
+        return f"Admission(queues={self._queues})"
+
+    def queues(self) -> dict[str, PrefillQueue]:
+        return dict(self._queues)
+
+    def check_limits(self, request: PreparedRequest) -> None:
+        """The request's shape, before its prompt is tokenized."""
+        check_shape(request, self._settings)
+
+    async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
-        del request, pools, blocks
+        request = self._with_output_cap(request, blocks)
+        output = requested_output(request.body)
+        if output is None:  # as vLLM: the rest of the context, which KV may have to hold
+            limit = context_limit(pools.first_hop)
+            output = max(0, limit - blocks.token_count) if limit else 0
+        kv_tokens = blocks.token_count + output
+        await self._rate_limit(request, kv_tokens)
+        decode_pool = pools.decode if pools.disaggregated else pools.colocated
+        if not pools.first_hop or not decode_pool:
+            return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
+        self._check_decode_room(request, decode_pool, kv_tokens)
+        slo_s = self._slo_s(request)
+        forecast = self._forecast(request, pools, blocks)
+        if forecast.ttft_s > slo_s:
+            raise self._refused(
+                request, "ttft_slo_unattainable",
+                f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
+                f"{slo_s:.2f}s target; the prefill queue is full, retry later",
+                wait_s=forecast.ttft_s - slo_s,
+            )  # fmt: skip
+        grant = await self._queue(request, pools, forecast, slo_s)
+        admitted = dataclasses.replace(
+            request, kv_tokens=kv_tokens, predicted_ttft_s=forecast.ttft_s
+        )
+        self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
+        return Admitted(admitted, grant)
+
+    def _with_output_cap(self, request: PreparedRequest, blocks: PromptBlocks) -> PreparedRequest:
+        check_prompt_cap(blocks.token_count, request.tenant, request.endpoint.prompt_param)
+        default = self._settings.default_max_tokens_of(request.model)
+        body = apply_output_cap(request, request.tenant, default)
+        return request if body is None else dataclasses.replace(request, body=body)
+
+    async def _rate_limit(self, request: PreparedRequest, tokens: int) -> None:
+        policy, name = request.tenant.policy, request.tenant.name
+        for unit, per_minute, cost in (("rpm", policy.rpm, 1), ("tpm", policy.tpm, tokens)):
+            if not per_minute:
+                continue
+            try:
+                wait_s = await self._state.take_tokens(
+                    f"{name}:{unit}", cost, BucketRate(per_minute)
+                )
+            except StateUnavailable as error:
+                self._metrics.state_unavailable.inc()
+                log.warning("rate limit unchecked for %s: %s", name, error)
+                return
+            if wait_s > 0:
+                raise self._refused(
+                    request, f"rate_limit_{unit}",
+                    f"rate limit reached for {name}: {per_minute:g} "
+                    f"{'requests' if unit == 'rpm' else 'tokens'} per minute",
+                    wait_s=wait_s,
+                )  # fmt: skip
+
+    def _check_decode_room(
+        self, request: PreparedRequest, pool: Sequence[WorkerState], kv_tokens: int
+    ) -> None:
+        now, s = self._clock(), self._settings
+        calm = [w for w in pool if not thrashing(w, now, s.preemption_cooldown_s)]
+        if not calm:
+            raise self._refused(
+                request, "decode_thrashing",
+                "every decode worker is preempting requests (KV cache exhausted); retry shortly",
+                wait_s=s.preemption_cooldown_s,
+            )  # fmt: skip
+        if not any(has_kv_room(w, self._load.of(w.worker_id), kv_tokens, s.decode_kv_overcommit)
+                   for w in calm):  # fmt: skip
+            raise self._refused(
+                request, "decode_kv_full",
+                f"no decode worker has KV room for {kv_tokens} tokens (prompt + max output); "
+                "retry shortly",
+                wait_s=1.0,
+            )  # fmt: skip
+
+    def _slo_s(self, request: PreparedRequest) -> float:
+        model_slo_s = self._settings.ttft_slo_of(request.model)
+        return min(model_slo_s, request.ttft_slo_s or model_slo_s)
+
+    def _forecast(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> _Forecast:
+        first_hop = pools.first_hop
+        uncached = self._scheduler.uncached_tokens(first_hop, blocks)
+        predictor = self._predictor
+
+        def ttft_on(worker: WorkerState) -> float:
+            wid = worker.worker_id
+            return predictor.prefill_s(wid, self._load.of(wid).tokens, uncached[wid])
+
+        best = min(first_hop, key=ttft_on)
+        queue = self._queues.get(request.model)
+        ahead = queue.tokens_ahead(request.priority) if queue is not None else 0
+        pool_tokens_per_s = sum(predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        handoff_s = predictor.handoff_s(request.model) if pools.disaggregated else 0.0
+        own_tokens = uncached[best.worker_id]
+        return _Forecast(
+            ttft_s=ttft_on(best) + ahead / pool_tokens_per_s + handoff_s,
+            own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + handoff_s,
+            uncached_tokens=own_tokens,
+        )
+
+    async def _queue(
+        self, request: PreparedRequest, pools: Pools, forecast: _Forecast, slo_s: float
+    ) -> Grant:
+        queue = self._queues.get(request.model)
+        if queue is None:
+            queue = self._queues[request.model] = PrefillQueue(
+                max_waiting=self._settings.max_queued_requests, clock=self._clock
+            )
+        entered_s = self._clock()
+        try:
+            grant = await queue.enter(
+                tenant=request.tenant.name, priority=request.priority,
+                weight=request.tenant.policy.weight, cost=forecast.uncached_tokens,
+                limit_tokens=self._settings.prefill_queue_tokens_per_worker * len(pools.first_hop),
+                deadline_s=request.arrived_s + slo_s - forecast.own_prefill_s,
+            )  # fmt: skip
+        except QueueFull as error:
+            raise self._refused(request, "queue_full", str(error), wait_s=forecast.ttft_s) from None
+        except QueueDeadline:
+            raise self._refused(
+                request, "queue_deadline",
+                f"waited in the prefill queue past its {slo_s:.2f}s TTFT target",
+                wait_s=forecast.ttft_s,
+            ) from None  # fmt: skip
+        self._metrics.queue_wait.labels(request.model).observe(self._clock() - entered_s)
+        return grant
+
+    def _refused(
+        self, request: PreparedRequest, reason: str, message: str, *, wait_s: float
+    ) -> Overloaded:
+        self._metrics.admission_rejections.labels(request.model, reason).inc()
+        return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))

@@ -41,6 +41,9 @@ async def generate(request: Request, endpoint: Endpoint) -> Response:
         prepared = prepare(
             endpoint, body, max_tokens_cap=parts.settings.server.max_tokens_cap,
             aliases=parts.aliases, served_models=parts.registry.models(), arrived_s=arrived_s,
+            tenant=getattr(request.state, "tenant", None),
+            priority_header=request.headers.get("x-pdserve-priority"),
+            ttft_slo_header=request.headers.get("x-pdserve-ttft-slo-ms"),
         )  # fmt: skip
     except NotFound:
         counted.labels("unknown", endpoint.value, "404").inc()

@@ -33,6 +33,8 @@ from router.state.base import ControlState, StateLimits
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 from router.state_sync import StateSync
+from router.tenants import Tenants
+from router.ttft_predictor import TTFTPredictor
 from router.upstream import Upstream
 
 log = logging.getLogger("pdserve.router")
@@ -56,6 +58,7 @@ class RouterParts:
     sync: StateSync
     pools: PoolController
     admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
+    tenants: Tenants
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
@@ -80,21 +83,32 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     metrics = RouterMetrics(
         registry=registry, load=load, index=prefixes.index, stats=stats, clock=clock
     )
-    scheduler = Scheduler(routing, load=load, prefixes=prefixes, stats=stats)
+    admission_settings = settings.admission
+    scheduler = Scheduler(
+        routing, load=load, prefixes=prefixes, stats=stats,
+        kv_overcommit=admission_settings.decode_kv_overcommit,
+        preemption_cooldown_s=admission_settings.preemption_cooldown_s, clock=clock,
+    )  # fmt: skip
+    predictor = TTFTPredictor(prior_tokens_per_s=admission_settings.prior_prefill_tokens_per_s)
     orchestrator = Orchestrator(
         settings=settings, registry=registry, upstream=upstream, metrics=metrics,
-        scheduler=scheduler, load=load, clock=clock,
-    )  # fmt: skip
-    pipeline = RequestPipeline(
-        settings.server, registry=registry, admission=Admission(), orchestrator=orchestrator,
-        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
+        scheduler=scheduler, load=load, predictor=predictor, clock=clock,
     )  # fmt: skip
     state, sync, pools = _control_plane(settings, registry, load, stats, prefixes, clock)
+    admission = Admission(
+        admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
+        metrics=metrics, clock=clock,
+    )  # fmt: skip
+    pipeline = RequestPipeline(
+        settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
+        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
+    )  # fmt: skip
+    metrics.watch_admission(admission.queues)
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
-        admin_tokens=_admin_tokens(settings),
+        admin_tokens=_admin_tokens(settings), tenants=_tenants(settings),
     )  # fmt: skip
 
 
@@ -137,6 +151,11 @@ def forget_worker(
     prefixes.on_gone(worker_id)
     load.forget(worker_id)
     stats.forget(worker_id)
+
+
+def _tenants(settings: RouterSettings) -> Tenants:
+    admission = settings.admission
+    return Tenants(admission.tenant_policies(), default=admission.default_tenant())
 
 
 def _admin_tokens(settings: RouterSettings) -> dict[str, tuple[str, str]]:

@@ -76,8 +76,14 @@ class ClientDisconnected(APIError):
 
 
 class Overloaded(APIError):
+    """429: always with Retry-After, and the reason (its code) in a header of its own."""
+
     status = 429
     type = "rate_limit_error"
+
+    def headers(self) -> dict[str, str]:
+        reason = {"x-pdserve-reject-reason": self.code} if self.code else {}
+        return {"Retry-After": str(self.retry_after_s or 1), **reason}
 
 
 class UpstreamFailed(APIError):

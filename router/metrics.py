@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from contracts.workers import WorkerRole
+from router.admission_queue import PrefillQueue
 from router.load import InFlightLoad
 from router.prefix_index import PrefixIndex
 from router.registry import WorkerRegistry
@@ -37,8 +38,13 @@ class RouterMetrics:
         )
         self._declare_latencies(r)
         self._declare_counters(r)
+        self._declare_admission(r)
         r.register(_WorkerCollector(registry, clock))
         r.register(_RoutingCollector(registry, load, index, stats))
+
+    def watch_admission(self, queues: Callable[[], Mapping[str, PrefillQueue]]) -> None:
+        """Export each model's prefill queue at scrape time."""
+        self.prometheus.register(_QueueCollector(queues))
 
     def _declare_latencies(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
@@ -104,6 +110,43 @@ class RouterMetrics:
             "Worker choices by pool, policy and reason (prefix_hit, bounded_load_spill, load, "
             "cold, round_robin, least_loaded)",
             ["model", "pool", "policy", "reason"],
+            registry=r,
+        )
+
+    def _declare_admission(self, r: CollectorRegistry) -> None:
+        self.admission_rejections = Counter(
+            "pdserve_admission_rejections",
+            "Requests refused by admission, by reason (rate_limit_rpm, rate_limit_tpm, "
+            "ttft_slo_unattainable, queue_deadline, queue_full, decode_kv_full, "
+            "decode_thrashing, prompt_over_tenant_cap)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.predicted_ttft = Histogram(
+            "pdserve_predicted_ttft_seconds",
+            "Admission's predicted TTFT for each admitted request (compare with "
+            "pdserve_time_to_first_token_seconds)",
+            ["model"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft_prediction_error = Histogram(
+            "pdserve_ttft_prediction_error_seconds",
+            "|observed - predicted| TTFT per admitted request: the predictor's error",
+            ["model"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "pdserve_admission_queue_wait_seconds",
+            "Time admitted requests waited in the router's prefill queue",
+            ["model"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.state_unavailable = Counter(
+            "pdserve_rate_limit_unchecked",
+            "Requests let through without a rate-limit check: the shared state was unreachable",
             registry=r,
         )
 
@@ -222,3 +265,34 @@ class _RoutingCollector(Collector):
         for (wid, kind), count in routing.kv_event_batches.items():
             events.add_metric([wid, kind], count)
         yield from (size, held, ratio, inflight, routed, hotspot, events)
+
+
+class _QueueCollector(Collector):
+    """Admission's prefill queues: what is admitted and what waits, per model."""
+
+    def __init__(self, queues: Callable[[], Mapping[str, PrefillQueue]]) -> None:
+        self._queues = queues
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        admitted = GaugeMetricFamily(
+            "pdserve_prefill_queue_admitted_tokens",
+            "Uncached prompt tokens admitted and not yet prefilled",
+            labels=["model"],
+        )
+        limit = GaugeMetricFamily(
+            "pdserve_prefill_queue_limit_tokens", "The prefill queue's bound", labels=["model"]
+        )
+        waiting = GaugeMetricFamily(
+            "pdserve_prefill_queue_waiting_requests", "Requests waiting in the router",
+            labels=["model"],
+        )  # fmt: skip
+        waiting_tokens = GaugeMetricFamily(
+            "pdserve_prefill_queue_waiting_tokens", "Uncached tokens waiting in the router",
+            labels=["model"],
+        )  # fmt: skip
+        for model, queue in self._queues().items():
+            admitted.add_metric([model], queue.admitted_tokens)
+            limit.add_metric([model], queue.limit_tokens)
+            waiting.add_metric([model], queue.waiting)
+            waiting_tokens.add_metric([model], queue.waiting_tokens)
+        yield from (admitted, limit, waiting, waiting_tokens)

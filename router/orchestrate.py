@@ -41,6 +41,7 @@ from router.relay import SSE_HEADERS, StreamStats, relay_sse
 from router.schedule import Scheduler
 from router.scheduling_plugins import Decision
 from router.settings import RouterSettings
+from router.ttft_predictor import TTFTPredictor
 from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
 
 _ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
@@ -67,6 +68,7 @@ class Orchestrator:
         metrics: RouterMetrics,
         scheduler: Scheduler,
         load: InFlightLoad,
+        predictor: TTFTPredictor,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._timeouts = settings.upstream
@@ -77,25 +79,37 @@ class Orchestrator:
         self._metrics = metrics
         self._scheduler = scheduler
         self._load = load
+        self._predictor = predictor
         self._clock = clock
 
     def __repr__(self) -> str:
         return f"Orchestrator(scheduler={self._scheduler!r})"
 
-    async def serve(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Response:
+    async def serve(
+        self,
+        request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
+        prefilled: Callable[[], None] = lambda: None,
+    ) -> Response:
+        """``prefilled`` is called once the prompt is computed (admission's queue frees)."""
         if pools.disaggregated:
             decode = self._pick(request, WorkerRole.DECODE, pools.decode, blocks)
             if decode is not None and self._scheduler.prefill_on_decode(decode):
                 return await self._decode_phase(
-                    request, pools.decode, blocks, mode="decode_local", first=decode
-                )
+                    request, pools.decode, blocks, mode="decode_local", first=decode,
+                    prefilled=prefilled,
+                )  # fmt: skip
             handoff = await self._prefill_phase(request, pools.prefill, blocks)
+            prefilled()
             return await self._decode_phase(
                 request, pools.decode, blocks, mode="disaggregated", first=decode,
                 handoff=handoff, prefill_pool=pools.prefill,
             )  # fmt: skip
         if pools.colocated:
-            return await self._decode_phase(request, pools.colocated, blocks, mode="colocated")
+            return await self._decode_phase(
+                request, pools.colocated, blocks, mode="colocated", prefilled=prefilled
+            )
         missing = "prefill" if pools.decode else "decode" if pools.prefill else "any"
         raise NoCapacity(
             f"no ready {missing} worker for model {request.model!r}; retry shortly",
@@ -112,7 +126,8 @@ class Orchestrator:
         tried: Collection[str] = (),
     ) -> Decision | None:
         key = request.routing_key
-        decision = self._scheduler.pick(key, role, pool, blocks, tried)
+        kv_tokens = 0 if role is WorkerRole.PREFILL else request.kv_tokens
+        decision = self._scheduler.pick(key, role, pool, blocks, tried, kv_tokens)
         if decision is not None:
             policy = self._scheduler.policy_of(key)
             self._metrics.routing_decisions.labels(key, role.value, policy, decision.reason).inc()
@@ -134,6 +149,7 @@ class Orchestrator:
             tried.append(worker.worker_id)
             self._scheduler.place(blocks, decision)
             started_s = self._clock()
+            queued = self._load.of(worker.worker_id).tokens
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens):
                     payload = await self._upstream.post_json(
@@ -144,7 +160,11 @@ class Orchestrator:
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(worker, error))
                 continue
-            self._metrics.prefill_latency.labels(request.model).observe(self._clock() - started_s)
+            seconds = handoff.issued_at_s - started_s
+            self._metrics.prefill_latency.labels(request.model).observe(seconds)
+            self._predictor.observe_prefill(
+                worker.worker_id, queued, decision.uncached_tokens, seconds
+            )
             return handoff
         raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
 
@@ -158,6 +178,7 @@ class Orchestrator:
         first: Decision | None = None,
         handoff: KVHandoff | None = None,
         prefill_pool: Sequence[WorkerState] = (),
+        prefilled: Callable[[], None] = lambda: None,
     ) -> Response:
         role = pool[0].role
         tried: list[str] = []
@@ -174,7 +195,7 @@ class Orchestrator:
             tried.append(decision.worker.worker_id)
             self._scheduler.place(blocks, decision)
             try:
-                return await self._answer(request, decision, handoff, mode)
+                return await self._answer(request, decision, handoff, mode, prefilled)
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(decision.worker, error))
         if failures:
@@ -207,6 +228,7 @@ class Orchestrator:
         decision: Decision,
         handoff: KVHandoff | None,
         mode: str,
+        prefilled: Callable[[], None],
     ) -> Response:
         worker = decision.worker
         body = request.body
@@ -214,14 +236,27 @@ class Orchestrator:
             body = {**body, "kv_transfer_params": handoff.to_decode_params()}
         payload = json.dumps(body).encode()
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
-        ticket = self._load.begin(
-            worker.worker_id, 0 if handoff is not None else decision.uncached_tokens
-        )
+        own = 0 if handoff is not None else decision.uncached_tokens
+        queued = self._load.of(worker.worker_id).tokens
+        ticket = self._load.begin(worker.worker_id, own, kv_tokens=request.kv_tokens)
+        started_s = self._clock()
+
+        def first_byte(at_s: float) -> None:
+            ticket.prefilled()
+            prefilled()
+            if handoff is None:
+                self._predictor.observe_prefill(worker.worker_id, queued, own, at_s - started_s)
+            else:
+                self._predictor.observe_handoff(request.model, at_s - handoff.issued_at_s)
+            if request.predicted_ttft_s is not None:
+                error_s = abs(at_s - request.arrived_s - request.predicted_ttft_s)
+                self._metrics.ttft_prediction_error.labels(request.model).observe(error_s)
+
         if not request.stream:
             with ticket:
                 return await self._complete(request, worker, payload, mode)
         try:
-            return await self._stream(request, worker, payload, mode, handoff, ticket)
+            return await self._stream(request, worker, payload, mode, handoff, ticket, first_byte)
         except BaseException:
             ticket.end()
             raise
@@ -259,6 +294,7 @@ class Orchestrator:
         mode: str,
         handoff: KVHandoff | None,
         ticket: Ticket,
+        first_byte: Callable[[float], None],
     ) -> StreamingResponse:
         first_byte_timeout_s = self._timeouts.first_token_timeout_s
         if handoff is not None and self._leases.kv_lease_guard:
@@ -273,6 +309,7 @@ class Orchestrator:
             first_byte_timeout_s=first_byte_timeout_s,
             idle_timeout_s=self._timeouts.stream_idle_timeout_s,
         )
+        first_byte(self._clock())
         model, metrics = request.model, self._metrics
 
         def on_end(stats: StreamStats) -> None:

@@ -47,6 +47,7 @@ class RequestPipeline:
         return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
 
     async def serve(self, request: PreparedRequest) -> Response:
+        self._admission.check_limits(request)
         choices = split_choices(
             request.body, chat=request.chat, max_choices=self._settings.max_choices_per_request
         )
@@ -65,5 +66,10 @@ class RequestPipeline:
             request, pools.first_hop, self._hashers,
             offload_chars=self._settings.tokenize_offload_chars,
         )  # fmt: skip
-        await self._admission.admit(request, pools, blocks)
-        return await self._orchestrator.serve(request, pools, blocks)
+        admitted = await self._admission.admit(request, pools, blocks)
+        try:
+            return await self._orchestrator.serve(
+                admitted.request, pools, blocks, prefilled=admitted.grant.release
+            )
+        finally:
+            admitted.grant.release()  # a failed prefill, or a non-streamed answer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
@@ -22,6 +22,7 @@ from router.errors import InvalidRequest, NotFound
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import WorkerState
 from router.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, validate
+from router.tenants import ANONYMOUS, Tenant, TenantPolicy
 
 
 class Endpoint(enum.Enum):
@@ -52,6 +53,12 @@ class PreparedRequest:
     arrived_s: float
     # The name the client asked for: the model, or an alias with a routing policy of its own.
     requested_model: str
+    tenant: Tenant = field(default_factory=lambda: Tenant(ANONYMOUS, TenantPolicy()))
+    priority: int = 1  # index into tenants.PRIORITIES: 0 is the highest class
+    ttft_slo_s: float | None = None  # what the client asked for (admission caps it)
+    # Set by admission: the KV it reserves on the decode side, and its predicted TTFT.
+    kv_tokens: int = 0
+    predicted_ttft_s: float | None = None
 
     @property
     def path(self) -> str:
@@ -74,6 +81,9 @@ def prepare(
     aliases: Mapping[str, str],
     served_models: Collection[str],
     arrived_s: float,
+    tenant: Tenant | None = None,
+    priority_header: str | None = None,
+    ttft_slo_header: str | None = None,
 ) -> PreparedRequest:
     parsed = validate(endpoint.schema, body, max_tokens_cap=max_tokens_cap)
     served = aliases.get(parsed.model, parsed.model)
@@ -85,10 +95,28 @@ def prepare(
             param="model",
             code="model_not_found",
         )
+    tenant = tenant or Tenant(ANONYMOUS, TenantPolicy())
     return PreparedRequest(
         endpoint=endpoint, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
-        requested_model=parsed.model,
+        requested_model=parsed.model, tenant=tenant,
+        priority=tenant.priority_for(priority_header), ttft_slo_s=_slo_s(ttft_slo_header),
     )  # fmt: skip
+
+
+def _slo_s(header: str | None) -> float | None:
+    """``x-pdserve-ttft-slo-ms`` in seconds; a value that is not a positive number is a 400."""
+    if header is None:
+        return None
+    try:
+        milliseconds = float(header)
+    except ValueError:
+        milliseconds = -1.0
+    if not 0 < milliseconds < 1e9:
+        raise InvalidRequest(
+            f"x-pdserve-ttft-slo-ms must be a positive number of milliseconds, got {header!r}",
+            param="x-pdserve-ttft-slo-ms", code="invalid_header",
+        )  # fmt: skip
+    return milliseconds / 1000.0
 
 
 async def measure_prompt(

@@ -30,6 +30,8 @@ class WorkerState:
     healthy: bool = True
     probe_failures: int = 0  # consecutive failed health probes
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    # When a heartbeat last showed the engine's preemption count rising (KV ran out).
+    preempted_at_s: float | None = None
 
     @property
     def worker_id(self) -> str:
@@ -100,6 +102,8 @@ class WorkerRegistry:
         state.last_seen_s = now_s
         state.ready = heartbeat.ready
         state.draining = heartbeat.draining
+        if heartbeat.load.num_preemptions > state.load.num_preemptions:
+            state.preempted_at_s = now_s
         state.load = heartbeat.load
         return True
 

@@ -8,10 +8,11 @@ worker is about to compute or receive the prompt, so the tracker records it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 
 from contracts.workers import WorkerRole
-from router.load import InFlightLoad
+from router.load import InFlight, InFlightLoad
 from router.prefix_tracking import PrefixTracker
 from router.prompt_blocks import PromptBlocks
 from router.registry import WorkerState
@@ -22,10 +23,13 @@ from router.scheduling_plugins import (
     DisaggThresholds,
     PickContext,
     RouteQuery,
+    candidate,
     choose,
     parse_weights,
 )
 from router.settings import RoutingSettings
+
+_NO_LOAD = InFlight()
 
 
 class Scheduler:
@@ -36,8 +40,14 @@ class Scheduler:
         load: InFlightLoad,
         prefixes: PrefixTracker,
         stats: RoutingStats,
+        kv_overcommit: float = 1.0,
+        preemption_cooldown_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
+        self._kv_overcommit = kv_overcommit
+        self._preemption_cooldown_s = preemption_cooldown_s
+        self._clock = clock
         self._load = load
         self._prefixes = prefixes
         self._stats = stats
@@ -67,27 +77,41 @@ class Scheduler:
         workers: Sequence[WorkerState],
         blocks: PromptBlocks,
         exclude: Collection[str] = (),
+        kv_tokens_needed: int = 0,
     ) -> Decision | None:
+        """``kv_tokens_needed``: on the decode side, the KV the request will hold there."""
         if all(w.worker_id in exclude for w in workers):
             return None
-        query = RouteQuery(
-            prompt_tokens=max(1, blocks.token_count),
-            block_size=blocks.block_size,
-            matched=self._prefixes.match(blocks),
-        )
+        query = self._query(blocks)
         turn = self._turns.get((routing_key, role), 0)
         self._turns[(routing_key, role)] = turn + 1
         settings = self._settings
         context = PickContext(
             query=query, turn=turn, weights=self._weights[role],
             epsilon=settings.bounded_load_epsilon, load_floor=settings.bounded_load_floor,
-            token_floor=settings.bounded_load_token_floor,
+            token_floor=settings.bounded_load_token_floor, kv_tokens_needed=kv_tokens_needed,
+            kv_overcommit=self._kv_overcommit, now_s=self._clock(),
+            preemption_cooldown_s=self._preemption_cooldown_s,
         )  # fmt: skip
         decision = choose(self.policy_of(routing_key), workers, context, self._load.of, exclude)
         if decision is None:
             return None
         self._stats.chosen(role, decision.worker.worker_id)
         return decision
+
+    def uncached_tokens(
+        self, workers: Sequence[WorkerState], blocks: PromptBlocks
+    ) -> dict[str, int]:
+        """What each worker would have to prefill of this prompt (admission's forecast)."""
+        query = self._query(blocks)
+        return {w.worker_id: candidate(w, query, _NO_LOAD).uncached_tokens for w in workers}
+
+    def _query(self, blocks: PromptBlocks) -> RouteQuery:
+        return RouteQuery(
+            prompt_tokens=max(1, blocks.token_count),
+            block_size=blocks.block_size,
+            matched=self._prefixes.match(blocks),
+        )
 
     def place(self, blocks: PromptBlocks, decision: Decision) -> None:
         """The chosen worker is about to compute or receive these blocks."""

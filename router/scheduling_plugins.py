@@ -7,7 +7,9 @@ The shape is llm-d's scheduler: filters narrow or mark the candidates, scorers a
 
 Built in:
 - filters: ``known_load`` (a worker whose load its agent could not read looks idle:
-  use it only when no worker's load is known); ``bounded_load`` (consistent hashing
+  use it only when no worker's load is known); ``kv_headroom`` (decode side: drop workers
+  whose free KV cannot hold the prompt plus max output, or that preempted requests within
+  the cooldown, while another worker can take it); ``bounded_load`` (consistent hashing
   with bounded loads, decided per candidate: one whose in-flight requests reached
   max(floor, ceil((1 + epsilon) x mean)) keeps its eligibility but loses its prefix
   hits, so a hot prefix spills to the next best worker instead of melting one);
@@ -74,6 +76,11 @@ class PickContext:
     epsilon: float = 0.5
     load_floor: int = 0
     token_floor: int = 0
+    # Decode side (0: not checked): the KV the request needs, and what a worker may promise.
+    kv_tokens_needed: int = 0
+    kv_overcommit: float = 1.0
+    now_s: float = 0.0
+    preemption_cooldown_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,9 +112,9 @@ SCORERS: dict[str, Scorer] = {
 PICKERS: dict[str, Picker] = {}
 DECIDERS: dict[str, Decider] = {}
 POLICIES: dict[str, Policy] = {
-    "round_robin": Policy(("known_load",), "round_robin"),
-    "least_loaded": Policy(("known_load",), "least_loaded"),
-    "prefix_affinity": Policy(("known_load", "bounded_load"), "lowest_cost"),
+    "round_robin": Policy(("known_load", "kv_headroom"), "round_robin"),
+    "least_loaded": Policy(("known_load", "kv_headroom"), "least_loaded"),
+    "prefix_affinity": Policy(("known_load", "kv_headroom", "bounded_load"), "lowest_cost"),
 }
 
 
@@ -181,6 +188,40 @@ def run_policy(policy: Policy, candidates: list[Candidate], context: PickContext
 @register_filter("known_load")
 def _known_load(candidates: list[Candidate], _: PickContext) -> list[Candidate]:
     return [c for c in candidates if c.worker.load.known] or candidates
+
+
+def kv_free_tokens(worker: WorkerState, inflight: InFlight, overcommit: float) -> float:
+    """KV tokens a worker can still promise: the lower of what its engine reports free
+    and its capacity (times ``overcommit``) less what this router has reserved there.
+    Unknown capacity: unbounded (the engine's own admission decides)."""
+    capacity = worker.registration.kv_capacity_tokens
+    if not capacity:
+        return math.inf
+    reported_free = capacity * (1.0 - worker.load.kv_cache_usage_perc)
+    return min(reported_free, capacity * overcommit - inflight.kv_tokens)
+
+
+def has_kv_room(worker: WorkerState, inflight: InFlight, needed: int, overcommit: float) -> bool:
+    """Room for ``needed`` more tokens; an idle worker takes any request (vLLM's
+    max_model_len bounds one request, not the router)."""
+    return inflight.kv_tokens == 0 or kv_free_tokens(worker, inflight, overcommit) >= needed
+
+
+def thrashing(worker: WorkerState, now_s: float, cooldown_s: float) -> bool:
+    at = worker.preempted_at_s
+    return at is not None and now_s - at < cooldown_s
+
+
+@register_filter("kv_headroom")
+def _kv_headroom(candidates: list[Candidate], context: PickContext) -> list[Candidate]:
+    if context.kv_tokens_needed <= 0:
+        return candidates
+    room = [
+        c for c in candidates
+        if has_kv_room(c.worker, c.inflight, context.kv_tokens_needed, context.kv_overcommit)
+        and not thrashing(c.worker, context.now_s, context.preemption_cooldown_s)
+    ]  # fmt: skip
+    return room or candidates
 
 
 @register_filter("bounded_load")

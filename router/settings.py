@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from router.scheduling_plugins import DECIDERS, POLICIES, parse_weights
+from router.tenants import TenantPolicy, parse_tenants
 
 
 def _pairs(spec: str) -> dict[str, str]:
@@ -26,7 +27,7 @@ SCOPES = ("viewer", "operator", "admin")
 
 
 class _Group(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
 
 class ServerSettings(_Group):
@@ -336,8 +337,113 @@ class ControlSettings(_Group):
         return self
 
 
+class AdmissionSettings(_Group):
+    """Admission: request limits, tenants' buckets and priorities, the prefill queue,
+    predicted-TTFT early rejection and decode KV headroom."""
+
+    max_messages: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Most messages one chat request may carry; beyond: 400.",
+    )
+    max_message_chars: int = Field(
+        1_048_576,
+        ge=1,
+        description="Longest single message (or prompt) in characters; beyond: 400.",
+    )
+    default_max_tokens: int = Field(
+        0,
+        ge=0,
+        description="max_tokens given to a request that sets none. 0: as vLLM (the rest of "
+        "the context window). Per model: `default_max_tokens_by_model`.",
+    )
+    default_max_tokens_by_model: str = Field(
+        "", description="Per-model default max_tokens, `model=N,...`."
+    )
+    tenants: str = Field(
+        "",
+        description='Tenant policies as JSON: `{"name": {"keys": [api keys], "rpm": N, '
+        '"tpm": N, "priority": interactive|standard|batch, "weight": W, '
+        '"max_prompt_tokens": N, "max_output_tokens": N}}`. A tenant\'s keys are client '
+        "API keys. 0 or absent: no limit.",
+    )
+    default_tenant_rpm: float = Field(
+        0, ge=0, description="Requests per minute for callers no tenant names. 0: no limit."
+    )
+    default_tenant_tpm: float = Field(
+        0,
+        ge=0,
+        description="Tokens per minute (prompt + max_tokens) for callers no tenant names. "
+        "0: no limit.",
+    )
+    ttft_slo_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="The TTFT a request must be able to meet to be admitted: a request whose "
+        "predicted TTFT is over it gets 429 at once, and one still queued past it is dropped "
+        "(429). A client may ask for less with `x-pdserve-ttft-slo-ms`, never more.",
+    )
+    ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
+    prefill_queue_tokens_per_worker: int = Field(
+        16384,
+        ge=1,
+        description="The prefill queue's bound, in uncached prompt tokens per first-hop "
+        "worker: past it, requests wait in the router (by priority, fair between tenants).",
+    )
+    max_queued_requests: int = Field(
+        1024, ge=0, le=1_000_000, description="Requests one model's queue may hold; beyond: 429."
+    )
+    prior_prefill_tokens_per_s: float = Field(
+        20_000.0,
+        gt=0,
+        description="Prefill throughput assumed for a worker until its own prefills teach "
+        "the TTFT predictor (optimistic, so a new worker is not refused work).",
+    )
+    decode_kv_overcommit: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="How far the KV reserved on a decode worker (prompt + max_tokens of each "
+        "request in flight) may exceed its capacity. 1: never (no preemption by design).",
+    )
+    preemption_cooldown_s: float = Field(
+        5.0,
+        ge=0,
+        description="A worker whose engine preempted requests gets no new work for this long "
+        "after its latest preemption (while another worker can take it).",
+    )
+
+    def tenant_policies(self) -> dict[str, TenantPolicy]:
+        return parse_tenants(self.tenants)
+
+    def default_tenant(self) -> TenantPolicy:
+        return TenantPolicy(rpm=self.default_tenant_rpm, tpm=self.default_tenant_tpm)
+
+    def ttft_slo_of(self, model: str) -> float:
+        return float(_pairs(self.ttft_slo_by_model).get(model, self.ttft_slo_s))
+
+    def default_max_tokens_of(self, model: str) -> int:
+        return int(_pairs(self.default_max_tokens_by_model).get(model, self.default_max_tokens))
+
+    @model_validator(mode="after")
+    def _check_maps(self) -> AdmissionSettings:
+        for spec, cast in (
+            (self.ttft_slo_by_model, float),
+            (self.default_max_tokens_by_model, int),
+        ):
+            for model, value in _pairs(spec).items():
+                try:
+                    cast(value)
+                except ValueError:
+                    raise ValueError(f"{model}={value!r}: not a number") from None
+        self.tenant_policies()
+        return self
+
+
 class RouterSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
@@ -346,6 +452,7 @@ class RouterSettings(BaseModel):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     control: ControlSettings = Field(default_factory=ControlSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
 
     @model_validator(mode="before")
     @classmethod

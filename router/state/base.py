@@ -5,7 +5,8 @@ What it holds:
   heartbeat renews: a worker whose agent stops reporting disappears by itself;
 - pool targets: per model, how many prefill and decode workers the SRE asked for;
 - config documents by name, each write a new version;
-- an append-only audit log, capped at ``max_audit_entries`` (oldest dropped first).
+- an append-only audit log, capped at ``max_audit_entries`` (oldest dropped first);
+- token buckets for tenants' rates (``token_bucket``): shared by replicas with Redis.
 
 Invariants:
 - every write is announced to every ``subscribe()``r, on every replica (this one included), so a
@@ -24,6 +25,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from router.token_bucket import BucketRate
+
 ChangeKind = Literal["worker", "targets", "config", "resync"]
 
 
@@ -40,6 +43,8 @@ class StateLimits:
     max_workers: int = 1024
     max_audit_entries: int = 10_000
     max_document_bytes: int = 256 * 1024
+    # Memory backend only (Redis expires a bucket once it would be full again).
+    max_buckets: int = 100_000
 
 
 DEFAULT_LIMITS = StateLimits()
@@ -112,6 +117,11 @@ class ControlState(abc.ABC):
     @abc.abstractmethod
     async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
         """The newest ``limit`` entries, oldest first."""
+
+    @abc.abstractmethod
+    async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:
+        """Take ``cost`` from the named bucket: 0.0 when taken, else the seconds until it
+        could be (nothing taken). Atomic across replicas."""
 
     @abc.abstractmethod
     async def subscribe(self) -> AsyncIterator[Change]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,6 +18,7 @@ from router.state.base import (
     StateFull,
     StateLimits,
 )
+from router.token_bucket import BucketLevel, BucketRate, take
 
 _SUBSCRIBER_QUEUE = 1024  # announcements a slow reader may lag by before it must resync
 
@@ -33,6 +34,9 @@ class MemoryState(ControlState):
         self._documents: dict[str, tuple[int, dict[str, Any]]] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=limits.max_audit_entries)
         self._subscribers: list[asyncio.Queue[Change | None]] = []
+        # Least recently used first; dropping one that is not yet full lets its tenant
+        # burst early, which only happens past max_buckets live tenants.
+        self._buckets: OrderedDict[str, BucketLevel] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"MemoryState(workers={len(self._workers)}, models={sorted(self._targets)})"
@@ -85,6 +89,13 @@ class MemoryState(ControlState):
 
     async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
         return list(self._audit)[-limit:] if limit > 0 else []
+
+    async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:
+        level, wait_s = take(self._buckets.pop(bucket, None), cost, rate, self._clock())
+        self._buckets[bucket] = level
+        if len(self._buckets) > self.limits.max_buckets:
+            self._buckets.popitem(last=False)
+        return wait_s
 
     async def subscribe(self) -> AsyncIterator[Change]:
         queue: asyncio.Queue[Change | None] = asyncio.Queue(_SUBSCRIBER_QUEUE)

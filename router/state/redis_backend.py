@@ -7,7 +7,9 @@ Keys under ``prefix`` (default ``pdserve``):
 - ``doc`` and ``docver``: hashes name -> document JSON, and name -> version, written in
   one MULTI so a version always matches its document;
 - ``audit``: a list, RPUSH then LTRIM in one MULTI (capped);
-- channel ``changes``: ``kind:key`` for every write.
+- channel ``changes``: ``kind:key`` for every write;
+- ``bucket:<name>``: a token bucket (tokens, at), taken from by one Lua script on the
+  server's clock (replicas' clocks never meet), expiring once it would be full again.
 A Redis that cannot be reached raises ``StateUnavailable``; the subscriber reconnects
 with capped backoff and announces a ``resync``, since it may have missed writes.
 """
@@ -35,9 +37,30 @@ from router.state.base import (
     StateLimits,
     StateUnavailable,
 )
+from router.token_bucket import BucketRate
 
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _RECONNECT_MAX_S = 2.0
+
+# token_bucket.take, run atomically on the server's clock. Returns the wait as a string:
+# a Lua number would come back truncated to an integer.
+_TAKE_TOKENS = """
+local capacity, refill, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local stored = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = capacity
+if stored[1] then
+  local elapsed = math.max(0, now - tonumber(stored[2]))
+  tokens = math.min(capacity, tonumber(stored[1]) + elapsed * refill)
+end
+cost = math.min(cost, capacity)
+local wait = 0
+if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / refill end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / refill * 1000) + 1000)
+return tostring(wait)
+"""
 
 
 class RedisState(ControlState):
@@ -57,6 +80,7 @@ class RedisState(ControlState):
             decode_responses=True,
         )  # fmt: skip
         self._closed = asyncio.Event()
+        self._take_script = self._redis.register_script(_TAKE_TOKENS)
 
     def __repr__(self) -> str:
         return f"RedisState({self._url!r}, prefix={self._prefix!r})"
@@ -161,6 +185,13 @@ class RedisState(ControlState):
             return []
         stored = await self._call(self._redis.lrange(self._key("audit"), -limit, -1))
         return [AuditEntry(**json.loads(item)) for item in stored]
+
+    async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:
+        wait = await self._call(self._take_script(
+            keys=[self._key("bucket", bucket)],
+            args=[repr(rate.capacity), repr(rate.refill_per_s), repr(float(cost))],
+        ))  # fmt: skip
+        return float(wait)
 
     async def subscribe(self) -> AsyncIterator[Change]:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

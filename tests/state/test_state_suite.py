@@ -12,6 +12,7 @@ from localrun.redis_server import running_redis
 from router.state.base import AuditEntry, Change, ControlState, PoolTargets, StateFull, StateLimits
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
+from router.token_bucket import BucketRate
 
 LIMITS = StateLimits(max_workers=3, max_audit_entries=5, max_document_bytes=1024)
 
@@ -150,6 +151,30 @@ async def test_two_replicas_on_one_redis_share_one_view(redis_url: str):
         assert await next_change(changes) == Change("targets", "m")
         assert await two.targets() == {"m": PoolTargets(3, 1)}
         await changes.aclose()
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_bucket_grants_its_capacity_then_says_how_long_to_wait(state: ControlState):
+    rate = BucketRate(per_minute=6)  # capacity 6, one token every 10 s
+    for _ in range(6):
+        assert await state.take_tokens("tenant-a:rpm", 1, rate) == 0.0
+    wait_s = await state.take_tokens("tenant-a:rpm", 1, rate)
+    assert 9.0 < wait_s <= 10.0  # the refill since the first take is at most a few ms
+    # Buckets are independent, and a refused take took nothing.
+    assert await state.take_tokens("tenant-b:rpm", 6, rate) == 0.0
+    assert 19.0 < await state.take_tokens("tenant-a:rpm", 2, rate) <= 20.0
+
+
+async def test_replicas_share_one_bucket(redis_url: str):
+    one, two = RedisState(redis_url, prefix="shared"), RedisState(redis_url, prefix="shared")
+    try:
+        rate = BucketRate(per_minute=4)
+        taken = [await replica.take_tokens("t:rpm", 1, rate) for replica in (one, two) * 2]
+        assert taken == [0.0] * 4
+        assert await one.take_tokens("t:rpm", 1, rate) > 0
+        assert await two.take_tokens("t:rpm", 1, rate) > 0
     finally:
         await one.close()
         await two.close()

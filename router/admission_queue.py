@@ -1,0 +1,171 @@
+"""One model's prefill queue, bounded in uncached prompt tokens, with priority and fairness.
+
+Invariants:
+- ``admitted_tokens`` (granted, not yet released) stays within ``limit_tokens``, except
+  that one request is always admitted into an empty queue, however large (else a prompt
+  over the limit could never run);
+- a waiting request leaves by one of three doors: granted, its deadline passed
+  (``QueueDeadline``), or its caller cancelled; none leaves a grant or a slot behind;
+- classes are strict (a waiting ``interactive`` request goes before any ``standard``);
+  within a class, tenants share by weight: the next grant goes to the tenant with the
+  least ``served tokens / weight`` (a virtual time), and a tenant that arrives starts at
+  the lowest virtual time present, so idling earns no credit to burst with later;
+- at most ``max_waiting`` requests wait; the next one is refused (``QueueFull``).
+
+Grants are released by the caller once the request's prefill is done (or it failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class QueueFull(Exception):
+    """``max_waiting`` requests are already waiting."""
+
+
+class QueueDeadline(Exception):
+    """The request's deadline passed while it waited."""
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    tenant: str
+    weight: float
+    cost: int
+    arrival: int  # breaks virtual-time ties: the older head goes first
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class Grant:
+    """Admitted prefill tokens; ``release`` once the prefill is done (idempotent)."""
+
+    __slots__ = ("_queue", "cost")
+
+    def __init__(self, queue: PrefillQueue | None, cost: int) -> None:
+        self._queue = queue
+        self.cost = cost
+
+    def release(self) -> None:
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue._released(self.cost)
+
+
+class PrefillQueue:
+    def __init__(self, *, max_waiting: int, clock: Callable[[], float]) -> None:
+        self._max_waiting = max_waiting
+        self._clock = clock
+        self.admitted_tokens = 0
+        self.limit_tokens = 0
+        self._classes: dict[int, dict[str, deque[_Waiter]]] = {}
+        self._virtual: dict[tuple[int, str], float] = {}
+        self._waiting = 0
+        self._arrivals = 0
+        self.waiting_tokens = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefillQueue(admitted={self.admitted_tokens}/{self.limit_tokens}, "
+            f"waiting={self._waiting})"
+        )
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def tokens_ahead(self, priority: int) -> int:
+        """Waiting tokens a new request of this class would queue behind."""
+        return sum(
+            w.cost
+            for cls, tenants in self._classes.items() if cls <= priority
+            for queue in tenants.values() for w in queue
+        )  # fmt: skip
+
+    async def enter(
+        self, *, tenant: str, priority: int, weight: float, cost: int, limit_tokens: int,
+        deadline_s: float,
+    ) -> Grant:  # fmt: skip
+        self.limit_tokens = limit_tokens
+        if self._waiting == 0 and self._fits(cost):
+            self.admitted_tokens += cost
+            return Grant(self, cost)
+        if self._waiting >= self._max_waiting:
+            raise QueueFull(f"{self._waiting} requests already wait (max_queued_requests)")
+        self._arrivals += 1
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(tenant, weight, cost, self._arrivals, future)
+        self._join(priority, waiter)
+        self._dispatch()
+        try:
+            await asyncio.wait({waiter.future}, timeout=max(0.0, deadline_s - self._clock()))
+        except asyncio.CancelledError:
+            self._leave(priority, waiter)
+            raise
+        if waiter.future.done():
+            return Grant(self, cost)
+        self._leave(priority, waiter)
+        raise QueueDeadline("the request's TTFT deadline passed while it waited")
+
+    def _fits(self, cost: int) -> bool:
+        return self.admitted_tokens == 0 or self.admitted_tokens + cost <= self.limit_tokens
+
+    def _join(self, priority: int, waiter: _Waiter) -> None:
+        tenants = self._classes.setdefault(priority, {})
+        if waiter.tenant not in tenants:
+            present = [self._virtual[(priority, t)] for t in tenants]
+            self._virtual[(priority, waiter.tenant)] = min(present, default=0.0)
+            tenants[waiter.tenant] = deque()
+        tenants[waiter.tenant].append(waiter)
+        self._waiting += 1
+        self.waiting_tokens += waiter.cost
+
+    def _leave(self, priority: int, waiter: _Waiter) -> None:
+        """Take a waiter out (deadline or cancel); a grant made meanwhile is given back."""
+        if waiter.future.done():
+            if not waiter.future.cancelled():
+                self._released(waiter.cost)
+            return
+        waiter.future.cancel()
+        queue = self._classes.get(priority, {}).get(waiter.tenant)
+        if queue is not None:
+            with contextlib.suppress(ValueError):
+                queue.remove(waiter)
+                self._waiting -= 1
+                self.waiting_tokens -= waiter.cost
+            self._drop_if_empty(priority, waiter.tenant)
+        self._dispatch()  # the head may have been what blocked the rest
+
+    def _drop_if_empty(self, priority: int, tenant: str) -> None:
+        tenants = self._classes[priority]
+        if not tenants[tenant]:
+            del tenants[tenant]
+            del self._virtual[(priority, tenant)]
+            if not tenants:
+                del self._classes[priority]
+
+    def _released(self, cost: int) -> None:
+        self.admitted_tokens -= cost
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._classes:
+            priority = min(self._classes)
+            tenants = self._classes[priority]
+            tenant = min(
+                tenants, key=lambda t: (self._virtual[(priority, t)], tenants[t][0].arrival)
+            )
+            head = tenants[tenant][0]
+            if not self._fits(head.cost):
+                return
+            tenants[tenant].popleft()
+            self._waiting -= 1
+            self.waiting_tokens -= head.cost
+            self._virtual[(priority, tenant)] += head.cost / head.weight
+            self._drop_if_empty(priority, tenant)
+            self.admitted_tokens += head.cost
+            head.future.set_result(None)

@@ -1,0 +1,102 @@
+"""Predicted TTFT: how long until a request's first token, learned online per worker.
+
+Model, per first-hop worker: prefill seconds = ``intercept + slope x tokens``, where
+``tokens`` is the uncached prompt tokens queued on the worker when the request was sent
+(this router's count) plus the request's own uncached tokens. It is fitted by
+exponentially weighted least squares over that worker's own prefills (``decay`` per
+sample), so a worker that slows down is re-learned within tens of requests. Until a
+worker has ``min_samples`` spread over distinct sizes, it is assumed to prefill at
+``prior_tokens_per_s`` with no fixed cost (optimistic: a new worker is not refused).
+
+For a disaggregated request the first token also waits for the KV handoff and the
+decode's first step: ``handoff_s`` per model, an EWMA of first token minus prefill end.
+
+Pure: no I/O, no clock; the orchestrator reports what it saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Fit:
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+    samples: int = 0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.weight = self.weight * decay + 1.0
+        self.sum_x = self.sum_x * decay + x
+        self.sum_y = self.sum_y * decay + y
+        self.sum_xx = self.sum_xx * decay + x * x
+        self.sum_xy = self.sum_xy * decay + x * y
+        self.samples += 1
+
+    def line(self, min_samples: int) -> tuple[float, float] | None:
+        """(intercept_s, slope_s_per_token), or None while the data cannot say."""
+        if self.samples < min_samples:
+            return None
+        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
+        variance = self.sum_xx / self.weight - mean_x * mean_x
+        if variance <= max(1.0, 1e-6 * mean_x * mean_x):
+            # All prefills one size: only the mean rate is known, not the fixed cost.
+            return (0.0, mean_y / mean_x) if mean_x > 0 else None
+        slope = (self.sum_xy / self.weight - mean_x * mean_y) / variance
+        if slope <= 0:
+            return (0.0, mean_y / mean_x) if mean_x > 0 else None
+        return max(0.0, mean_y - slope * mean_x), slope
+
+
+class TTFTPredictor:
+    def __init__(
+        self,
+        *,
+        prior_tokens_per_s: float,
+        decay: float = 0.97,
+        min_samples: int = 8,
+        max_workers: int = 4096,
+    ) -> None:
+        self._max_workers = max_workers
+        self._prior_slope = 1.0 / prior_tokens_per_s
+        self._decay = decay
+        self._min_samples = min_samples
+        self._fits: dict[str, _Fit] = {}
+        self._handoff_s: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"TTFTPredictor(workers={len(self._fits)})"
+
+    def prefill_s(self, worker_id: str, queued_tokens: int, own_tokens: int) -> float:
+        """Seconds until this worker has prefilled a request sent to it now."""
+        fit = self._fits.get(worker_id)
+        line = fit.line(self._min_samples) if fit is not None else None
+        intercept, slope = line if line is not None else (0.0, self._prior_slope)
+        return intercept + slope * (queued_tokens + own_tokens)
+
+    def tokens_per_s(self, worker_id: str) -> float:
+        fit = self._fits.get(worker_id)
+        line = fit.line(self._min_samples) if fit is not None else None
+        return 1.0 / (line[1] if line is not None else self._prior_slope)
+
+    def handoff_s(self, model: str) -> float:
+        return self._handoff_s.get(model, 0.0)
+
+    def observe_prefill(
+        self, worker_id: str, queued_tokens: int, own_tokens: int, seconds: float
+    ) -> None:
+        fit = self._fits.get(worker_id)
+        if fit is None:
+            if len(self._fits) >= self._max_workers:  # the oldest fit is a departed worker's
+                del self._fits[next(iter(self._fits))]
+            fit = self._fits[worker_id] = _Fit()
+        fit.add(float(queued_tokens + own_tokens), seconds, self._decay)
+
+    def observe_handoff(self, model: str, seconds: float, alpha: float = 0.1) -> None:
+        previous = self._handoff_s.get(model)
+        self._handoff_s[model] = (
+            seconds if previous is None else previous + alpha * (seconds - previous)
+        )
