@@ -1,0 +1,129 @@
+"""Admission end to end on a sim cluster of its own (1 prefill, 1 decode), over real HTTP
+and the real OpenAI client: limits refuse before any worker computes, a 429 always has
+Retry-After and OpenAI's error shape, and predicted-TTFT early rejection costs nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from benchmarks.prometheus_text import scrape, total
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
+from modelstore import tiny_llama
+
+MODEL = tiny_llama.SERVED_NAME
+TENANTS = {
+    "capped": {"keys": ["key-capped"], "max_prompt_tokens": 300, "max_output_tokens": 16},
+    "slow": {"keys": ["key-slow"], "rpm": 2},
+    "open": {"keys": ["key-open"]},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    (port,) = free_ports(1)
+    plan = ClusterPlan(
+        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=1, port=port,
+        run_dir=tmp_path_factory.mktemp("admission"), engine="sim", ready_timeout_s=60,
+        heartbeat_interval_s=0.5, drain_timeout_s=2, max_model_len=4096,
+        router_env={"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_MAX_MESSAGES": "4"},
+    )  # fmt: skip
+    local = LocalCluster(plan, say=lambda _: None)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def post(cluster: LocalCluster, body: dict, key: str = "key-open", **headers: str):
+    headers = {"Authorization": f"Bearer {key}", **headers}
+    return httpx.post(cluster.router_url + "/v1/chat/completions" if "messages" in body
+                      else cluster.router_url + "/v1/completions",
+                      json={"model": MODEL, **body}, headers=headers, timeout=60)  # fmt: skip
+
+
+def engine_prompt_tokens(cluster: LocalCluster) -> float:
+    return sum(
+        total(scrape(w.engine_url + "/metrics"), "vllm:prompt_tokens_total")
+        for w in cluster.workers
+    )
+
+
+def rejections(cluster: LocalCluster, reason: str) -> float:
+    return total(scrape(cluster.router_url + "/metrics"), "pdserve_admission_rejections_total",
+                 reason=reason)  # fmt: skip
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+
+
+def test_oversized_requests_are_refused_before_any_worker_computes(cluster):
+    before = engine_prompt_tokens(cluster)
+    long_prompt = " ".join(["word"] * 400)
+    cases = [
+        ({"prompt": long_prompt, "max_tokens": 4}, "key-capped", "tenant_prompt_limit"),
+        ({"prompt": "hi", "max_tokens": 17}, "key-capped", "tenant_output_limit"),
+        ({"messages": [{"role": "user", "content": "x"}] * 5}, "key-open", "too_many_messages"),
+        ({"prompt": " ".join(["word"] * 5000)}, "key-open", "context_length_exceeded"),
+    ]
+    for body, key, code in cases:
+        assert_openai_error(post(cluster, body, key), 400, code)
+    assert engine_prompt_tokens(cluster) == before, "a refused prompt reached an engine"
+
+
+def test_a_tenants_output_cap_is_the_default_for_requests_that_set_none(cluster):
+    answer = post(cluster, {"prompt": "count with me"}, "key-capped")
+    assert answer.status_code == 200, answer.text
+    assert 0 < answer.json()["usage"]["completion_tokens"] <= 16
+
+
+def test_over_the_request_rate_is_429_with_retry_after_in_openais_shape(cluster):
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="key-slow", max_retries=0)
+    for _ in range(2):
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=2)
+    response = refused.value.response
+    assert_openai_error(response, 429, "rate_limit_rpm")
+    # Two requests a minute: the next one is about 30 s away.
+    assert 20 <= int(response.headers["retry-after"]) <= 30
+    assert response.headers["x-pdserve-reject-reason"] == "rate_limit_rpm"
+    # Other tenants have buckets of their own.
+    assert post(cluster, {"prompt": "hello", "max_tokens": 2}).status_code == 200
+
+
+def test_a_request_that_cannot_meet_its_ttft_target_is_refused_at_once(cluster):
+    before, refused = engine_prompt_tokens(cluster), rejections(cluster, "ttft_slo_unattainable")
+    prompt = " ".join(["word"] * 2000)
+    response = post(cluster, {"prompt": prompt, "max_tokens": 2}, **{"x-pdserve-ttft-slo-ms": "1"})
+    assert_openai_error(response, 429, "ttft_slo_unattainable")
+    assert int(response.headers["retry-after"]) >= 1
+    assert rejections(cluster, "ttft_slo_unattainable") == refused + 1
+    assert engine_prompt_tokens(cluster) == before
+    # A target the pool can meet is admitted; a client cannot ask for more than the model's.
+    assert post(cluster, {"prompt": prompt, "max_tokens": 2},
+                **{"x-pdserve-ttft-slo-ms": "60000"}).status_code == 200  # fmt: skip
+
+
+def test_a_malformed_ttft_header_is_a_400_naming_it(cluster):
+    response = post(cluster, {"prompt": "x", "max_tokens": 1}, **{"x-pdserve-ttft-slo-ms": "soon"})
+    assert_openai_error(response, 400, "invalid_header")
+    assert response.json()["error"]["param"] == "x-pdserve-ttft-slo-ms"
+
+
+def test_admitted_requests_export_their_predicted_ttft(cluster):
+    assert (
+        post(cluster, {"prompt": "predict me", "max_tokens": 2, "stream": False}).status_code == 200
+    )
+    samples = scrape(cluster.router_url + "/metrics")
+    assert total(samples, "pdserve_predicted_ttft_seconds_count") > 0
+    assert total(samples, "pdserve_prefill_queue_limit_tokens") > 0

@@ -1,0 +1,51 @@
+"""The TTFT predictor learns a worker's prefill line from its own prefills."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from router.ttft_predictor import TTFTPredictor
+
+
+def test_a_new_worker_is_assumed_to_run_at_the_prior_rate():
+    predictor = TTFTPredictor(prior_tokens_per_s=10_000)
+    assert predictor.prefill_s("w", queued_tokens=3000, own_tokens=1000) == pytest.approx(0.4)
+
+
+def test_the_line_is_learned_and_predicts_sizes_it_never_saw():
+    """Fitted on prompts of 100-2000 tokens with noise; checked on 4000 and 50 (held out)."""
+    rng = random.Random(7)
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    for _ in range(200):
+        tokens = rng.randint(100, 2000)
+        seconds = 0.030 + tokens / 2500 + rng.gauss(0, 0.005)  # 30 ms fixed, 2500 tok/s
+        predictor.observe_prefill("w", queued_tokens=0, own_tokens=tokens, seconds=seconds)
+    assert predictor.prefill_s("w", 3000, 1000) == pytest.approx(0.030 + 4000 / 2500, rel=0.05)
+    assert predictor.prefill_s("w", 0, 50) == pytest.approx(0.030 + 50 / 2500, rel=0.25)
+    assert predictor.tokens_per_s("w") == pytest.approx(2500, rel=0.05)
+
+
+def test_a_worker_that_slows_down_is_relearned():
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    for i in range(100):
+        predictor.observe_prefill("w", 0, 200 + 10 * (i % 50), (200 + 10 * (i % 50)) / 5000)
+    for i in range(100):
+        predictor.observe_prefill("w", 0, 200 + 10 * (i % 50), (200 + 10 * (i % 50)) / 1000)
+    assert predictor.tokens_per_s("w") == pytest.approx(1000, rel=0.1)
+
+
+def test_one_size_only_gives_the_mean_rate():
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    for _ in range(20):
+        predictor.observe_prefill("w", 0, 500, 0.25)
+    assert predictor.prefill_s("w", 500, 500) == pytest.approx(0.5)
+
+
+def test_the_handoff_time_is_a_moving_average_per_model():
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    assert predictor.handoff_s("m") == 0.0
+    for _ in range(100):
+        predictor.observe_handoff("m", 0.02)
+    assert predictor.handoff_s("m") == pytest.approx(0.02)
