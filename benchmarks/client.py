@@ -54,6 +54,7 @@ async def stream_request(
             result.status = response.status
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                result.e2e_s = time.perf_counter() - result.started_s  # how fast the refusal
                 return result
             event = None
             async for raw_line in response.content:

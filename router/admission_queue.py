@@ -78,13 +78,22 @@ class PrefillQueue:
     def waiting(self) -> int:
         return self._waiting
 
-    def tokens_ahead(self, priority: int) -> int:
-        """Waiting tokens a new request of this class would queue behind."""
-        return sum(
-            w.cost
-            for cls, tenants in self._classes.items() if cls <= priority
-            for queue in tenants.values() for w in queue
-        )  # fmt: skip
+    def tokens_ahead(self, *, priority: int, tenant: str, weight: float, cost: int) -> int:
+        """Waiting tokens granted before a new request of this tenant, class and cost:
+        every higher class, and within its own class each tenant's share up to the point
+        where this one is served (weighted fair queueing), not the whole queue."""
+        ahead = 0
+        for cls, tenants in self._classes.items():
+            if cls < priority:
+                ahead += sum(w.cost for queue in tenants.values() for w in queue)
+            elif cls == priority:
+                own = sum(w.cost for w in tenants.get(tenant, ())) + cost
+                for other, queue in tenants.items():
+                    if other != tenant and queue:
+                        share = own * queue[0].weight / weight
+                        ahead += min(sum(w.cost for w in queue), int(share))
+                ahead += own - cost
+        return ahead
 
     async def enter(
         self, *, tenant: str, priority: int, weight: float, cost: int, limit_tokens: int,

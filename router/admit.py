@@ -181,10 +181,15 @@ class Admission:
 
         best = min(first_hop, key=ttft_on)
         queue = self._queues.get(request.model)
-        ahead = queue.tokens_ahead(request.priority) if queue is not None else 0
+        own_tokens = uncached[best.worker_id]
+        ahead = 0
+        if queue is not None:
+            ahead = queue.tokens_ahead(
+                priority=request.priority, tenant=request.tenant.name,
+                weight=request.tenant.policy.weight, cost=own_tokens,
+            )  # fmt: skip
         pool_tokens_per_s = sum(predictor.tokens_per_s(w.worker_id) for w in first_hop)
         handoff_s = predictor.handoff_s(request.model) if pools.disaggregated else 0.0
-        own_tokens = uncached[best.worker_id]
         return _Forecast(
             ttft_s=ttft_on(best) + ahead / pool_tokens_per_s + handoff_s,
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + handoff_s,

@@ -131,3 +131,21 @@ async def test_the_queue_length_is_capped():
     holder.release()
     for grant in await asyncio.gather(*waiters):
         grant.release()
+
+
+async def test_the_tokens_ahead_of_a_newcomer_are_its_fair_share_not_the_whole_queue():
+    queue = PrefillQueue(max_waiting=100, clock=Clock())
+    holder = await enter(queue, "x", 100)
+    tasks = [asyncio.create_task(enter(queue, "noisy", 100)) for _ in range(10)]
+    tasks.append(asyncio.create_task(enter(queue, "urgent", 100, priority=0)))
+    await settle()
+    # A polite tenant's next 100 tokens go after one of noisy's (equal weights) and every
+    # higher-class request, not after all ten.
+    assert queue.tokens_ahead(priority=1, tenant="polite", weight=1.0, cost=100) == 200
+    assert queue.tokens_ahead(priority=1, tenant="noisy", weight=1.0, cost=100) == 1100
+    assert queue.tokens_ahead(priority=2, tenant="polite", weight=1.0, cost=100) == 1100
+    for task in tasks:
+        task.cancel()
+    await settle()
+    holder.release()
+    assert queue.waiting == 0
