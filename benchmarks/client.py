@@ -53,7 +53,7 @@ async def stream_request(
         async with session.post(url, json=body, headers=headers) as response:
             result.status = response.status
             if response.status != 200:
-                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                result.error = f"HTTP {response.status}: {(await response.text())[:600]}"
                 result.e2e_s = time.perf_counter() - result.started_s  # how fast the refusal
                 return result
             event = None

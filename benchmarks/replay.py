@@ -25,6 +25,7 @@ from benchmarks.client import RequestResult, stream_request
 class Scheduled:
     send_at_s: float  # seconds after the run starts
     body: dict
+    headers: dict[str, str] | None = None  # this request's own (a tenant's API key)
 
 
 async def replay(
@@ -52,7 +53,7 @@ async def replay(
             in_flight += 1
             try:
                 async with slots:
-                    result = await stream_request(session, url, item.body, headers)
+                    result = await stream_request(session, url, item.body, item.headers or headers)
             finally:
                 in_flight -= 1
             result.started_s -= started

@@ -396,10 +396,11 @@ class AdmissionSettings(_Group):
         1024, ge=0, le=1_000_000, description="Requests one model's queue may hold; beyond: 429."
     )
     prior_prefill_tokens_per_s: float = Field(
-        20_000.0,
+        2_000.0,
         gt=0,
-        description="Prefill throughput assumed for a worker until its own prefills teach "
-        "the TTFT predictor (optimistic, so a new worker is not refused work).",
+        description="Prefill throughput assumed for a worker until 8 of its own prefills "
+        "teach the TTFT predictor. Low on purpose: a cold pool under a burst refuses a "
+        "little early rather than queue what will miss (see benchmarks/results/admission.md).",
     )
     decode_kv_overcommit: float = Field(
         1.0,

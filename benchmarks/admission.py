@@ -1,0 +1,383 @@
+"""Admission on against off, on sim clusters: overload, an eviction storm, two tenants.
+
+Each scenario starts fresh sim clusters (the H100 profile ``--time-dilation`` times
+slower, as in ``routing_policies``; times are dilated) and replays open-loop traffic:
+
+- **overload**: the pool's capacity is measured first (a saturating burst, admission
+  off: finished requests / time). Then ``--overload`` x that rate for ``--burst-s``,
+  then half the capacity for ``--after-s``. Reported: accepted requests' TTFT p99 against
+  the SLO, how fast rejections were answered (client-measured p99), goodput (requests
+  meeting the SLO per second) and recovery (from the burst's end until every later
+  request is accepted within the SLO). Datasets: shared-prefix and Mooncake.
+- **eviction storm**: decode sims with a small KV (``--storm-kv-tokens``) flooded with
+  long prompts and long outputs. Reported: engine preemptions (vLLM's
+  ``num_preemptions``) and ITL p99 against the same cluster unloaded.
+- **tenants**: ``polite`` sends at its share, ``noisy`` at ten times it (same class and
+  weight). Reported: polite's TTFT p99 alone and beside noisy, admission on and off.
+
+"Off" is the same router with admission's knobs opened (SLO 3600 s, unbounded queue,
+KV overcommit 100x, no preemption cooldown), so both sides run the same code path.
+Writes ``admission.json`` and ``admission.png``.
+
+    python -m benchmarks.admission [--scenarios overload storm tenants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks import datasets
+from benchmarks.client import RequestResult
+from benchmarks.metrics import error_kind, percentiles
+from benchmarks.prometheus_text import scrape, total
+from benchmarks.replay import Scheduled, replay
+from benchmarks.routing_policies import scaled_profile
+from benchmarks.traces import DEFAULT_TRACE
+from contracts.tokenization import load_tokenizer
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
+from modelstore import tiny_llama
+
+MODEL = tiny_llama.SERVED_NAME
+OFF = {
+    "PDSERVE_TTFT_SLO_S": "3600",
+    "PDSERVE_PREFILL_QUEUE_TOKENS_PER_WORKER": "1000000000",
+    "PDSERVE_MAX_QUEUED_REQUESTS": "1000000",
+    "PDSERVE_DECODE_KV_OVERCOMMIT": "100",
+    "PDSERVE_PREEMPTION_COOLDOWN_S": "0",
+}
+# Tenant keys turn client auth on: the single-tenant scenarios send as "load".
+TENANTS = {t: {"keys": [f"key-{t}"]} for t in ("load", "polite", "noisy")}
+LOAD_KEY = {"Authorization": "Bearer key-load"}
+
+
+def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
+                schedule: list[Scheduled], args: argparse.Namespace) -> dict:  # fmt: skip
+    """One fresh cluster, one replay; results plus the engines' preemptions."""
+    (port,) = free_ports(1)
+    plan = ClusterPlan(
+        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=args.prefill,
+        decode=args.decode, port=port, run_dir=work / name, engine="sim",
+        sim_profile=str(profile), max_model_len=200_000, ready_timeout_s=300,
+        heartbeat_interval_s=0.5, drain_timeout_s=2,
+        router_env={"PDSERVE_HEARTBEAT_TIMEOUT_S": "30", "PDSERVE_HEALTH_TIMEOUT_S": "10",
+                    "PDSERVE_TENANTS": json.dumps(TENANTS), **env},
+    )  # fmt: skip
+    cluster = LocalCluster(plan, say=lambda line: print(f"  [{name}] {line}", flush=True))
+    try:
+        cluster.start()
+        preemptions0 = _preemptions(cluster)
+        started = time.perf_counter()
+        results = asyncio.run(replay(cluster.router_url + "/v1/completions", schedule,
+                                     deadline_s=args.deadline_s, headers=LOAD_KEY))  # fmt: skip
+        duration_s = time.perf_counter() - started
+        preemptions = _preemptions(cluster) - preemptions0
+        router = scrape(cluster.router_url + "/metrics")
+    finally:
+        cluster.stop()
+    rejected = Counter(
+        reason for r in results if r.status == 429 for reason in [_reason(r)]
+    )  # fmt: skip
+    print(f"  [{name}] {len(results)} sent in {duration_s:.0f}s; "
+          f"{sum(r.ok for r in results)} ok, 429s {dict(rejected)}, other errors "
+          f"{dict(Counter(error_kind(r) for r in results if not r.ok and r.status != 429))}",
+          flush=True)  # fmt: skip
+    return {
+        "results": results,
+        "duration_s": duration_s,
+        "preemptions": preemptions,
+        "rejected_by_reason": dict(rejected),
+        "predicted_ttft_count": total(router, "pdserve_predicted_ttft_seconds_count"),
+    }
+
+
+def _preemptions(cluster: LocalCluster) -> float:
+    return sum(total(scrape(w.engine_url + "/metrics"), "vllm:num_preemptions_total")
+               for w in cluster.workers)  # fmt: skip
+
+
+def _reason(result: RequestResult) -> str:
+    """The refusal's code (the error body names it; the header is not kept)."""
+    try:
+        return json.loads((result.error or "").partition(": ")[2])["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
+def on_settings(args: argparse.Namespace) -> dict[str, str]:
+    """Admission as shipped, but for the SLO under test (and any --router-env)."""
+    return {"PDSERVE_TTFT_SLO_S": str(args.slo_ms / 1000),
+            **dict(item.split("=", 1) for item in args.router_env)}  # fmt: skip
+
+
+def open_loop(requests: list[dict], rate_rps: float, start_s: float, duration_s: float,
+              rng: random.Random, headers: dict | None = None) -> list[Scheduled]:  # fmt: skip
+    items, at_s = [], start_s
+    while (at_s := at_s + rng.expovariate(rate_rps)) < start_s + duration_s:
+        body = {"model": MODEL, **requests[len(items) % len(requests)]}
+        items.append(Scheduled(at_s, body, headers))
+    return items
+
+
+def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
+            only: str | None = None) -> dict:  # fmt: skip
+    """Numbers for one run; ``only``: the requests with that tenant key."""
+    results: list[RequestResult] = run["results"]
+    if only is not None:
+        results = [r for r, key in zip(results, run["keys"], strict=True) if key == only]
+    ok = [r for r in results if r.ok and r.ttft_s is not None]
+    refused = [r for r in results if r.status == 429]
+    meeting = [r for r in ok if r.ttft_s * 1000 <= slo_ms]
+    out = {
+        "requests": len(results), "succeeded": len(ok), "rejected_429": len(refused),
+        "other_errors": dict(Counter(error_kind(r) for r in results
+                                     if not r.ok and r.status != 429)),
+        "ttft_ms": percentiles([r.ttft_s for r in ok]),
+        "itl_ms": percentiles([gap for r in ok for gap in r.itl_s]),
+        "rejection_ms": percentiles([r.e2e_s for r in refused]),
+        "goodput_rps": len(meeting) / run["duration_s"],
+        "slo_attainment_of_accepted": len(meeting) / max(1, len(ok)),
+        "preemptions": run["preemptions"], "rejected_by_reason": run["rejected_by_reason"],
+    }  # fmt: skip
+    if burst_end_s is not None:
+        out["recovery_s"] = recovery_s(results, slo_ms, burst_end_s)
+    return out
+
+
+def recovery_s(results: list[RequestResult], slo_ms: float, burst_end_s: float) -> float | None:
+    """From the burst's end to the send time after which every request was accepted
+    within the SLO; None if that never happened."""
+    after = sorted((r for r in results if r.started_s >= burst_end_s), key=lambda r: r.started_s)
+    last_bad = None
+    for r in after:
+        if not (r.ok and r.ttft_s is not None and r.ttft_s * 1000 <= slo_ms):
+            last_bad = r.started_s
+    if last_bad is None:
+        return 0.0
+    return None if last_bad == after[-1].started_s else last_bad - burst_end_s
+
+
+def measure_capacity(name: str, requests: list[dict], profile: Path, work: Path,
+                     args: argparse.Namespace) -> float:  # fmt: skip
+    """Finished requests per second under a saturating burst (admission off)."""
+    burst = [
+        Scheduled(i * 0.005, {"model": MODEL, **requests[i % len(requests)]})
+        for i in range(args.probe_requests)
+    ]
+    run = run_cluster(f"{name}-capacity", profile, work, OFF, burst, args)
+    ok = [r for r in run["results"] if r.ok]
+    return len(ok) / max(r.started_s + r.e2e_s for r in ok)
+
+
+def overload(name: str, requests: list[dict], profile: Path, work: Path,
+             args: argparse.Namespace) -> dict:  # fmt: skip
+    capacity = measure_capacity(name, requests, profile, work, args)
+    rng = random.Random(args.seed)
+    schedule = open_loop(requests, args.overload * capacity, 0.0, args.burst_s, rng)
+    schedule += open_loop(requests, 0.5 * capacity, args.burst_s, args.after_s, rng)
+    out = {"capacity_rps": capacity, "offered_rps": args.overload * capacity}
+    for side, env in (("on", on_settings(args)), ("off", OFF)):
+        run = run_cluster(f"{name}-{side}", profile, work, env, schedule, args)
+        out[side] = summary(run, args.slo_ms, burst_end_s=args.burst_s)
+        out[side]["ttft_series"] = [(round(r.started_s, 2), r.ttft_s and round(r.ttft_s * 1000),
+                                     r.status) for r in run["results"]]  # fmt: skip
+    return out
+
+
+def storm(words: datasets.WordSource, work: Path, args: argparse.Namespace) -> dict:
+    profile = scaled_profile(1.0, args.time_dilation, work, kv_tokens=args.storm_kv_tokens)
+    long = [r.payload for r in datasets.random_prompts(
+        words, 64, input_len=args.storm_input_tokens, output_len=args.storm_output_tokens,
+        range_ratio=0.2, seed=args.seed)]  # fmt: skip
+    rng = random.Random(args.seed)
+    quiet = open_loop(long, 0.3, 0.0, 10.0, rng)  # unloaded: ITL's reference
+    flood = open_loop(long, args.storm_rps, 10.0, args.burst_s, rng)
+    out = {}
+    for side, env in (("on", on_settings(args)), ("off", OFF)):
+        run = run_cluster(f"storm-{side}", profile, work, env, quiet + flood, args)
+        quiet_run = dict(run, results=run["results"][: len(quiet)])
+        flood_run = dict(run, results=run["results"][len(quiet) :])
+        out[side] = {"unloaded": summary(quiet_run, args.slo_ms),
+                     "flood": summary(flood_run, args.slo_ms)}  # fmt: skip
+        unloaded, flooded = (
+            out[side]["unloaded"]["itl_ms"]["p99"],
+            out[side]["flood"]["itl_ms"]["p99"],
+        )
+        out[side]["itl_p99_ratio"] = flooded / unloaded if unloaded and flooded else None
+    return out
+
+
+def tenants(requests: list[dict], profile: Path, work: Path, args: argparse.Namespace) -> dict:
+    capacity = measure_capacity("tenants", requests, profile, work, args)
+    share = args.polite_share * capacity
+    rng = random.Random(args.seed)
+    polite = open_loop(requests, share, 0.0, args.burst_s, rng,
+                       {"Authorization": "Bearer key-polite"})  # fmt: skip
+    noisy = open_loop(requests, 10 * share, 0.0, args.burst_s, rng,
+                      {"Authorization": "Bearer key-noisy"})  # fmt: skip
+    both = sorted(polite + noisy, key=lambda s: s.send_at_s)
+    on = on_settings(args)
+    out = {"capacity_rps": capacity, "polite_rps": share, "noisy_rps": 10 * share}
+    for label, env, schedule in (("alone_on", on, polite), ("both_on", on, both),
+                                 ("both_off", OFF, both)):  # fmt: skip
+        run = run_cluster(f"tenants-{label}", profile, work, env, schedule, args)
+        run["keys"] = [(s.headers or {}).get("Authorization", "").split()[-1] for s in schedule]
+        out[label] = {key: summary(run, args.slo_ms, only=f"key-{key}")
+                      for key in ("polite", "noisy") if f"key-{key}" in run["keys"]}  # fmt: skip
+    alone = out["alone_on"]["polite"]["ttft_ms"]["p99"]
+    beside = out["both_on"]["polite"]["ttft_ms"]["p99"]
+    out["polite_p99_ratio_with_admission"] = beside / alone if alone and beside else None
+    off = out["both_off"]["polite"]["ttft_ms"]["p99"]
+    out["polite_p99_ratio_without"] = off / alone if alone and off else None
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 4, figsize=(22, 4.8))
+    over = report.get("overload", {})
+    timeline = axes[0]
+    for dataset, color in zip(over, ("tab:blue", "tab:orange"), strict=False):
+        for side, marker in (("on", "o"), ("off", "x")):
+            points = [(t, ttft) for t, ttft, status in over[dataset][side]["ttft_series"] if ttft]
+            if points:
+                timeline.scatter(*zip(*points, strict=True), s=4, marker=marker, color=color,
+                                 alpha=0.5 if side == "on" else 0.25,
+                                 label=f"{dataset}, admission {side}")  # fmt: skip
+    timeline.axhline(report["slo_ms"], color="grey", linestyle=":", label="TTFT SLO")
+    timeline.axvline(report["burst_s"], color="black", linestyle="--", label="burst ends")
+    timeline.set_yscale("log")
+    timeline.set(xlabel="send time (s)", ylabel="TTFT (ms, log; accepted only)",
+                 title=f"{report['overload_factor']}x overload: TTFT over time")  # fmt: skip
+    timeline.legend(fontsize=7)
+    names, goodput = [], []
+    for dataset in over:
+        for side in ("on", "off"):
+            names.append(f"{dataset}\n{side}")
+            goodput.append(over[dataset][side]["goodput_rps"])
+    axes[1].bar(names, goodput)
+    axes[1].set_title("goodput (requests/s within the TTFT SLO)")
+    storm_run = report.get("storm")
+    if storm_run:
+        sides = ["on", "off"]
+        axes[2].bar([f"{s}: preemptions" for s in sides],
+                    [storm_run[s]["flood"]["preemptions"] for s in sides])  # fmt: skip
+        twin = axes[2].twinx()
+        twin.plot([f"{s}: preemptions" for s in sides],
+                  [storm_run[s]["itl_p99_ratio"] or 0 for s in sides], "ro-",
+                  label="ITL p99 / unloaded")  # fmt: skip
+        twin.axhline(2, color="red", linestyle=":")
+        twin.legend(fontsize=7)
+        axes[2].set_title("eviction storm: engine preemptions, ITL p99 ratio")
+    tenant_run = report.get("tenants")
+    if tenant_run:
+        labels = ["alone_on", "both_on", "both_off"]
+        axes[3].bar(labels, [tenant_run[k]["polite"]["ttft_ms"]["p99"] or 0 for k in labels])
+        axes[3].set_title("polite tenant's TTFT p99 (ms)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", nargs="+", default=["overload", "storm", "tenants"])
+    parser.add_argument("--datasets", nargs="+", default=["shared-prefix", "mooncake"])
+    parser.add_argument("--prefill", type=int, default=2)
+    parser.add_argument("--decode", type=int, default=2)
+    parser.add_argument("--time-dilation", type=float, default=10.0)
+    parser.add_argument("--slo-ms", type=float, default=2000.0)
+    parser.add_argument("--overload", type=float, default=3.0)
+    parser.add_argument("--burst-s", type=float, default=20.0)
+    parser.add_argument("--after-s", type=float, default=15.0)
+    parser.add_argument("--probe-requests", type=int, default=300)
+    parser.add_argument("--storm-kv-tokens", type=int, default=40_000)
+    parser.add_argument("--storm-input-tokens", type=int, default=3000)
+    parser.add_argument("--storm-output-tokens", type=int, default=200)
+    parser.add_argument("--storm-rps", type=float, default=4.0)
+    parser.add_argument(
+        "--polite-share",
+        type=float,
+        default=0.25,
+        help="polite's rate as a fraction of capacity; noisy sends 10x",
+    )
+    parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--router-env",
+        nargs="*",
+        default=[],
+        help="extra settings for the admission-on runs, PDSERVE_X=value",
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+
+    tokenizer = load_tokenizer(str(tiny_llama.ensure()))
+    words = datasets.WordSource(tokenizer)
+    workloads = {
+        "shared-prefix": [r.payload for r in datasets.shared_prefix_prompts(
+            words, groups=8, prompts_per_group=64, system_len=1024, question_len=128,
+            output_len=16, seed=args.seed)],
+        "mooncake": [r.payload for r in datasets.mooncake_prompts(
+            tokenizer, DEFAULT_TRACE, limit=500, speed=1.0, length_scale=4.0,
+            output_scale=32.0, max_input_tokens=16384)],
+    }  # fmt: skip
+    report: dict = {
+        "command": "python -m benchmarks.admission " + " ".join(argv or sys.argv[1:]),
+        "slo_ms": args.slo_ms,
+        "burst_s": args.burst_s,
+        "overload_factor": args.overload,
+        "settings": vars(args) | {"out": str(args.out)},
+    }
+    with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
+        work = Path(tmp)
+        profile = scaled_profile(1.0, args.time_dilation, work)
+        if "overload" in args.scenarios:
+            report["overload"] = {name: overload(name, workloads[name], profile, work, args)
+                                  for name in args.datasets}  # fmt: skip
+        if "storm" in args.scenarios:
+            report["storm"] = storm(words, work, args)
+        if "tenants" in args.scenarios:
+            report["tenants"] = tenants(workloads["shared-prefix"], profile, work, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "admission.json").write_text(json.dumps(report, indent=1, default=str))
+    plot(report, args.out / "admission.png")
+    print(json.dumps(_headline(report), indent=1))
+    return 0
+
+
+def _headline(report: dict) -> dict:
+    lines: dict = {}
+    for dataset, run in report.get("overload", {}).items():
+        for side in ("on", "off"):
+            s = run[side]
+            lines[f"overload {dataset} {side}"] = {
+                "ttft_p99_ms": s["ttft_ms"]["p99"], "rejection_p99_ms": s["rejection_ms"]["p99"],
+                "goodput_rps": round(s["goodput_rps"], 2), "recovery_s": s["recovery_s"],
+                "rejected": s["rejected_429"], "succeeded": s["succeeded"]}  # fmt: skip
+    if "storm" in report:
+        for side in ("on", "off"):
+            s = report["storm"][side]
+            lines[f"storm {side}"] = {"preemptions": s["flood"]["preemptions"],
+                                      "itl_p99_ratio": s["itl_p99_ratio"],
+                                      "rejected": s["flood"]["rejected_429"]}  # fmt: skip
+    if "tenants" in report:
+        t = report["tenants"]
+        lines["tenants"] = {"with_admission": t["polite_p99_ratio_with_admission"],
+                            "without": t["polite_p99_ratio_without"]}  # fmt: skip
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
