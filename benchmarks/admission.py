@@ -10,8 +10,9 @@ slower, as in ``routing_policies``; times are dilated) and replays open-loop tra
   meeting the SLO per second) and recovery (from the burst's end until every later
   request is accepted within the SLO). Datasets: shared-prefix and Mooncake.
 - **eviction storm**: decode sims with a small KV (``--storm-kv-tokens``) flooded with
-  long prompts and long outputs. Reported: engine preemptions (vLLM's
-  ``num_preemptions``) and ITL p99 against the same cluster unloaded.
+  long prompts and long outputs. Reported: engine preemptions by role (vLLM's
+  ``num_preemptions``, over the whole run), ITL p99 against the same cluster unloaded,
+  and each request's worst gap (a preempted stream stalls while it is recomputed).
 - **tenants**: ``polite`` sends at its share, ``noisy`` at ten times it (same class and
   weight). Reported: polite's TTFT p99 alone and beside noisy, admission on and off.
 
@@ -96,12 +97,27 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
         "preemptions": preemptions,
         "rejected_by_reason": dict(rejected),
         "predicted_ttft_count": total(router, "pdserve_predicted_ttft_seconds_count"),
+        # The router's own arrival-to-429 time, leaving out queue_deadline (it waits on
+        # purpose): the share answered within 10 ms, from its histogram's buckets.
+        "router_refusals_within_10ms": _refused_within(router, 0.01),
     }
 
 
-def _preemptions(cluster: LocalCluster) -> float:
-    return sum(total(scrape(w.engine_url + "/metrics"), "vllm:num_preemptions_total")
-               for w in cluster.workers)  # fmt: skip
+def _refused_within(router: list, seconds: float) -> float | None:
+    name = "pdserve_admission_rejection_seconds"
+    fast = ("ttft_slo_unattainable", "rate_limit_rpm", "rate_limit_tpm", "queue_full",
+            "decode_kv_full", "decode_thrashing")  # fmt: skip
+    count = sum(total(router, f"{name}_count", reason=r) for r in fast)
+    within = sum(total(router, f"{name}_bucket", reason=r, le=str(seconds)) for r in fast)
+    return within / count if count else None
+
+
+def _preemptions(cluster: LocalCluster) -> Counter:
+    """Engine preemptions by role."""
+    counts: Counter = Counter()
+    for w in cluster.workers:
+        counts[w.role] += total(scrape(w.engine_url + "/metrics"), "vllm:num_preemptions_total")
+    return counts
 
 
 def _reason(result: RequestResult) -> str:
@@ -142,10 +158,13 @@ def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
                                      if not r.ok and r.status != 429)),
         "ttft_ms": percentiles([r.ttft_s for r in ok]),
         "itl_ms": percentiles([gap for r in ok for gap in r.itl_s]),
+        # A preempted stream stalls while it is recomputed: its longest gap shows it.
+        "worst_gap_per_request_ms": percentiles([max(r.itl_s) for r in ok if r.itl_s]),
         "rejection_ms": percentiles([r.e2e_s for r in refused]),
         "goodput_rps": len(meeting) / run["duration_s"],
         "slo_attainment_of_accepted": len(meeting) / max(1, len(ok)),
         "preemptions": run["preemptions"], "rejected_by_reason": run["rejected_by_reason"],
+        "router_refusals_within_10ms": run.get("router_refusals_within_10ms"),
     }  # fmt: skip
     if burst_end_s is not None:
         out["recovery_s"] = recovery_s(results, slo_ms, burst_end_s)
@@ -195,11 +214,12 @@ def overload(name: str, requests: list[dict], profile: Path, work: Path,
 def storm(words: datasets.WordSource, work: Path, args: argparse.Namespace) -> dict:
     profile = scaled_profile(1.0, args.time_dilation, work, kv_tokens=args.storm_kv_tokens)
     long = [r.payload for r in datasets.random_prompts(
-        words, 64, input_len=args.storm_input_tokens, output_len=args.storm_output_tokens,
+        words, 400, input_len=args.storm_input_tokens, output_len=args.storm_output_tokens,
         range_ratio=0.2, seed=args.seed)]  # fmt: skip
     rng = random.Random(args.seed)
-    quiet = open_loop(long, 0.3, 0.0, 10.0, rng)  # unloaded: ITL's reference
-    flood = open_loop(long, args.storm_rps, 10.0, args.burst_s, rng)
+    # Every prompt distinct, so no decode worker holds a prefix it could share.
+    quiet = open_loop(long[:20], 0.3, 0.0, 10.0, rng)  # unloaded: ITL's reference
+    flood = open_loop(long[20:], args.storm_rps, 10.0, args.burst_s, rng)
     out = {}
     for side, env in (("on", on_settings(args)), ("off", OFF)):
         run = run_cluster(f"storm-{side}", profile, work, env, quiet + flood, args)
@@ -272,8 +292,8 @@ def plot(report: dict, path: Path) -> None:
     storm_run = report.get("storm")
     if storm_run:
         sides = ["on", "off"]
-        axes[2].bar([f"{s}: preemptions" for s in sides],
-                    [storm_run[s]["flood"]["preemptions"] for s in sides])  # fmt: skip
+        preempted = [sum(storm_run[s]["flood"]["preemptions"].values()) for s in sides]
+        axes[2].bar([f"{s}: preemptions" for s in sides], preempted)
         twin = axes[2].twinx()
         twin.plot([f"{s}: preemptions" for s in sides],
                   [storm_run[s]["itl_p99_ratio"] or 0 for s in sides], "ro-",
@@ -302,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-s", type=float, default=20.0)
     parser.add_argument("--after-s", type=float, default=15.0)
     parser.add_argument("--probe-requests", type=int, default=300)
-    parser.add_argument("--storm-kv-tokens", type=int, default=40_000)
-    parser.add_argument("--storm-input-tokens", type=int, default=3000)
-    parser.add_argument("--storm-output-tokens", type=int, default=200)
-    parser.add_argument("--storm-rps", type=float, default=4.0)
+    parser.add_argument("--storm-kv-tokens", type=int, default=20_000)
+    parser.add_argument("--storm-input-tokens", type=int, default=1000)
+    parser.add_argument("--storm-output-tokens", type=int, default=600)
+    parser.add_argument("--storm-rps", type=float, default=3.0)
     parser.add_argument(
         "--polite-share",
         type=float,

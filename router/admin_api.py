@@ -59,6 +59,7 @@ async def list_pools(request: Request) -> dict[str, Any]:
                     "state": parts.pools.worker_state(w, now),
                     "wanted_role": _value(parts.pools.wanted_role(w.worker_id)),
                     "inflight_requests": parts.load.of(w.worker_id).requests,
+                    "reserved_kv_tokens": parts.load.of(w.worker_id).kv_tokens,
                     "engine_running": w.load.num_requests_running,
                     "engine_waiting": w.load.num_requests_waiting,
                     "kv_cache_usage_perc": w.load.kv_cache_usage_perc,

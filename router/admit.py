@@ -35,7 +35,13 @@ from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.prompt_blocks import PromptBlocks
 from router.registry import Pools, WorkerState
-from router.request_limits import apply_output_cap, check_prompt_cap, check_shape, requested_output
+from router.request_limits import (
+    Caps,
+    apply_output_cap,
+    check_prompt_cap,
+    check_shape,
+    requested_output,
+)
 from router.schedule import Scheduler
 from router.scheduling_plugins import has_kv_room, thrashing
 from router.settings import AdmissionSettings
@@ -97,12 +103,11 @@ class Admission:
         if output is None:  # as vLLM: the rest of the context, which KV may have to hold
             limit = context_limit(pools.first_hop)
             output = max(0, limit - blocks.token_count) if limit else 0
-        kv_tokens = blocks.token_count + output
-        await self._rate_limit(request, kv_tokens)
+        await self._rate_limit(request, blocks.token_count + output)
         decode_pool = pools.decode if pools.disaggregated else pools.colocated
         if not pools.first_hop or not decode_pool:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
-        self._check_decode_room(request, decode_pool, kv_tokens)
+        self._check_decode_room(request, decode_pool, blocks, output)
         slo_s = self._slo_s(request)
         forecast = self._forecast(request, pools, blocks)
         if forecast.ttft_s > slo_s:
@@ -112,17 +117,29 @@ class Admission:
                 f"{slo_s:.2f}s target; the prefill queue is full, retry later",
                 wait_s=forecast.ttft_s - slo_s,
             )  # fmt: skip
-        grant = await self._queue(request, pools, forecast, slo_s)
+        grant = await self._queue(request, pools.first_hop, forecast, slo_s)
+        try:
+            # Again after the wait, with nothing awaited between this and the decode pick:
+            # the room seen before queueing may have been taken meanwhile.
+            self._check_decode_room(request, decode_pool, blocks, output)
+        except Overloaded:
+            grant.release()
+            raise
         admitted = dataclasses.replace(
-            request, kv_tokens=kv_tokens, predicted_ttft_s=forecast.ttft_s
+            request, max_output_tokens=output, predicted_ttft_s=forecast.ttft_s
         )
         self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
         return Admitted(admitted, grant)
 
     def _with_output_cap(self, request: PreparedRequest, blocks: PromptBlocks) -> PreparedRequest:
-        check_prompt_cap(blocks.token_count, request.tenant, request.endpoint.prompt_param)
+        tenant = request.tenant.policy
+        caps = (
+            Caps("model", *self._settings.model_caps(request.model)),
+            Caps("tenant", tenant.max_prompt_tokens, tenant.max_output_tokens),
+        )
+        check_prompt_cap(blocks.token_count, caps, request.endpoint.prompt_param)
         default = self._settings.default_max_tokens_of(request.model)
-        body = apply_output_cap(request, request.tenant, default)
+        body = apply_output_cap(request, caps, default)
         return request if body is None else dataclasses.replace(request, body=body)
 
     async def _rate_limit(self, request: PreparedRequest, tokens: int) -> None:
@@ -147,8 +164,14 @@ class Admission:
                 )  # fmt: skip
 
     def _check_decode_room(
-        self, request: PreparedRequest, pool: Sequence[WorkerState], kv_tokens: int
+        self,
+        request: PreparedRequest,
+        pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        output_tokens: int,
     ) -> None:
+        """Room on some calm decode worker for the prompt blocks it does not hold yet
+        (held ones are shared, as vLLM shares them) plus the whole output."""
         now, s = self._clock(), self._settings
         calm = [w for w in pool if not thrashing(w, now, s.preemption_cooldown_s)]
         if not calm:
@@ -157,11 +180,13 @@ class Admission:
                 "every decode worker is preempting requests (KV cache exhausted); retry shortly",
                 wait_s=s.preemption_cooldown_s,
             )  # fmt: skip
-        if not any(has_kv_room(w, self._load.of(w.worker_id), kv_tokens, s.decode_kv_overcommit)
+        uncached = self._scheduler.uncached_tokens(calm, blocks)
+        if not any(has_kv_room(w, self._load.of(w.worker_id),
+                               uncached[w.worker_id] + output_tokens, s.decode_kv_overcommit)
                    for w in calm):  # fmt: skip
             raise self._refused(
                 request, "decode_kv_full",
-                f"no decode worker has KV room for {kv_tokens} tokens (prompt + max output); "
+                f"no decode worker has KV room for this prompt and {output_tokens} output tokens; "
                 "retry shortly",
                 wait_s=1.0,
             )  # fmt: skip
@@ -196,8 +221,20 @@ class Admission:
             uncached_tokens=own_tokens,
         )
 
+    def _queue_limit_tokens(self, model: str, first_hop: Sequence[WorkerState]) -> int:
+        """Uncached tokens the engines may hold queued: the per-worker cap, and no more
+        than a fraction of the model's SLO of work at their learned rates."""
+        s = self._settings
+        rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        in_time = rate * s.ttft_slo_of(model) * s.prefill_queue_slo_fraction
+        return max(1, int(min(s.prefill_queue_tokens_per_worker * len(first_hop), in_time)))
+
     async def _queue(
-        self, request: PreparedRequest, pools: Pools, forecast: _Forecast, slo_s: float
+        self,
+        request: PreparedRequest,
+        first_hop: Sequence[WorkerState],
+        forecast: _Forecast,
+        slo_s: float,
     ) -> Grant:
         queue = self._queues.get(request.model)
         if queue is None:
@@ -209,7 +246,7 @@ class Admission:
             grant = await queue.enter(
                 tenant=request.tenant.name, priority=request.priority,
                 weight=request.tenant.policy.weight, cost=forecast.uncached_tokens,
-                limit_tokens=self._settings.prefill_queue_tokens_per_worker * len(pools.first_hop),
+                limit_tokens=self._queue_limit_tokens(request.model, first_hop),
                 deadline_s=request.arrived_s + slo_s - forecast.own_prefill_s,
             )  # fmt: skip
         except QueueFull as error:
@@ -227,4 +264,6 @@ class Admission:
         self, request: PreparedRequest, reason: str, message: str, *, wait_s: float
     ) -> Overloaded:
         self._metrics.admission_rejections.labels(request.model, reason).inc()
+        waited_s = self._clock() - request.arrived_s
+        self._metrics.rejection_latency.labels(request.model, reason).observe(waited_s)
         return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))

@@ -18,6 +18,7 @@ from router.routing_stats import RoutingStats, WorkerRouting
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
 )  # fmt: skip
+_FAST_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
@@ -120,6 +121,13 @@ class RouterMetrics:
             "ttft_slo_unattainable, queue_deadline, queue_full, decode_kv_full, "
             "decode_thrashing, prompt_over_tenant_cap)",
             ["model", "reason"],
+            registry=r,
+        )
+        self.rejection_latency = Histogram(
+            "pdserve_admission_rejection_seconds",
+            "Arrival to the 429 for requests admission refused (queue waits included)",
+            ["model", "reason"],
+            buckets=_FAST_BUCKETS_S,
             registry=r,
         )
         self.predicted_ttft = Histogram(

@@ -32,7 +32,7 @@ from fastapi.responses import Response, StreamingResponse
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
 from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
-from router.load import InFlightLoad, Ticket
+from router.load import InFlight, InFlightLoad, Ticket
 from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.prompt_blocks import PromptBlocks
@@ -100,12 +100,18 @@ class Orchestrator:
                     request, pools.decode, blocks, mode="decode_local", first=decode,
                     prefilled=prefilled,
                 )  # fmt: skip
-            handoff = await self._prefill_phase(request, pools.prefill, blocks)
-            prefilled()
-            return await self._decode_phase(
-                request, pools.decode, blocks, mode="disaggregated", first=decode,
-                handoff=handoff, prefill_pool=pools.prefill,
-            )  # fmt: skip
+            # The decode's KV is reserved now, not after the prefill: others picking a
+            # decode worker meanwhile must see this request's share taken.
+            reservation = self._reserve_kv(request, decode)
+            try:
+                handoff = await self._prefill_phase(request, pools.prefill, blocks)
+                prefilled()
+                return await self._decode_phase(
+                    request, pools.decode, blocks, mode="disaggregated", first=decode,
+                    handoff=handoff, prefill_pool=pools.prefill,
+                )  # fmt: skip
+            finally:
+                reservation.end()  # the answer's own ticket holds it from its start
         if pools.colocated:
             return await self._decode_phase(
                 request, pools.colocated, blocks, mode="colocated", prefilled=prefilled
@@ -117,6 +123,12 @@ class Orchestrator:
             retry_after_s=self._retry_after_s,
         )
 
+    def _reserve_kv(self, request: PreparedRequest, decode: Decision | None) -> Ticket:
+        if decode is None:
+            return Ticket(InFlight(), 0)  # a detached record: nothing to hold
+        kv_tokens = decode.uncached_tokens + request.max_output_tokens
+        return self._load.begin(decode.worker.worker_id, 0, kv_tokens=kv_tokens)
+
     def _pick(
         self,
         request: PreparedRequest,
@@ -126,8 +138,8 @@ class Orchestrator:
         tried: Collection[str] = (),
     ) -> Decision | None:
         key = request.routing_key
-        kv_tokens = 0 if role is WorkerRole.PREFILL else request.kv_tokens
-        decision = self._scheduler.pick(key, role, pool, blocks, tried, kv_tokens)
+        output = None if role is WorkerRole.PREFILL else request.max_output_tokens
+        decision = self._scheduler.pick(key, role, pool, blocks, tried, kv_output_tokens=output)
         if decision is not None:
             policy = self._scheduler.policy_of(key)
             self._metrics.routing_decisions.labels(key, role.value, policy, decision.reason).inc()
@@ -238,7 +250,9 @@ class Orchestrator:
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
         queued = self._load.of(worker.worker_id).tokens
-        ticket = self._load.begin(worker.worker_id, own, kv_tokens=request.kv_tokens)
+        # Its KV there: the prompt blocks the worker does not hold yet, and the output.
+        kv_tokens = decision.uncached_tokens + request.max_output_tokens
+        ticket = self._load.begin(worker.worker_id, own, kv_tokens=kv_tokens)
         started_s = self._clock()
 
         def first_byte(at_s: float) -> None:

@@ -56,8 +56,9 @@ class PreparedRequest:
     tenant: Tenant = field(default_factory=lambda: Tenant(ANONYMOUS, TenantPolicy()))
     priority: int = 1  # index into tenants.PRIORITIES: 0 is the highest class
     ttft_slo_s: float | None = None  # what the client asked for (admission caps it)
-    # Set by admission: the KV it reserves on the decode side, and its predicted TTFT.
-    kv_tokens: int = 0
+    # Set by admission: the output the decode side's KV must hold (max_tokens, or the rest
+    # of the context), and its predicted TTFT.
+    max_output_tokens: int = 0
     predicted_ttft_s: float | None = None
 
     @property

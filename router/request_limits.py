@@ -2,20 +2,22 @@
 
 Everything here is a 400 in OpenAI's shape, raised before any worker sees the request:
 - at most ``max_messages`` messages, none (and no prompt string) over ``max_message_chars``;
-- the tenant's ``max_prompt_tokens`` and ``max_output_tokens``.
+- the model's caps (``max_prompt_tokens_by_model``, ``max_output_tokens_by_model``) and
+  the tenant's (``max_prompt_tokens``, ``max_output_tokens`` in its policy).
 And one default: a request without an output cap gets its model's ``default_max_tokens``,
-or its tenant's cap when that is lower (a tenant's cap must hold for requests that name
+or the lowest output cap when that is lower (a cap must hold for requests that name
 none).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from router.errors import InvalidRequest
 from router.prepare import PreparedRequest
 from router.settings import AdmissionSettings
-from router.tenants import Tenant
 
 OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")  # chat's new name first, as vLLM
 
@@ -65,31 +67,40 @@ def requested_output(body: dict[str, Any]) -> int | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """Prompt and output caps, and whose they are: ``model`` or ``tenant`` (in the 400)."""
+
+    owner: str
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
 def apply_output_cap(
-    request: PreparedRequest, tenant: Tenant, default_max_tokens: int
+    request: PreparedRequest, caps: Sequence[Caps], default_max_tokens: int
 ) -> dict[str, Any] | None:
     """The body with the output cap a request without one gets, or None to keep it.
 
-    Raises when the request asks for more than its tenant's cap."""
-    cap = tenant.policy.max_output_tokens
+    Raises when the request asks for more than a cap allows."""
     asked = requested_output(request.body)
     if asked is not None:
-        if cap is not None and asked > cap:
+        for cap in caps:
+            if cap.output_tokens is not None and asked > cap.output_tokens:
+                raise InvalidRequest(
+                    f"max_tokens {asked} is over the {cap.owner}'s limit of {cap.output_tokens}",
+                    param="max_tokens", code=f"{cap.owner}_output_limit",
+                )  # fmt: skip
+        return None
+    limits = [c.output_tokens for c in caps if c.output_tokens] + [default_max_tokens]
+    limits = [limit for limit in limits if limit]
+    return {**request.body, "max_tokens": min(limits)} if limits else None
+
+
+def check_prompt_cap(prompt_tokens: int, caps: Sequence[Caps], param: str) -> None:
+    for cap in caps:
+        if cap.prompt_tokens is not None and prompt_tokens > cap.prompt_tokens:
             raise InvalidRequest(
-                f"max_tokens {asked} is over this API key's limit of {cap}",
-                param="max_tokens", code="tenant_output_limit",
+                f"the prompt has {prompt_tokens} tokens; the {cap.owner}'s limit is "
+                f"{cap.prompt_tokens}",
+                param=param, code=f"{cap.owner}_prompt_limit",
             )  # fmt: skip
-        return None
-    defaults = [d for d in (default_max_tokens or None, cap) if d]
-    if not defaults:
-        return None
-    return {**request.body, "max_tokens": min(defaults)}
-
-
-def check_prompt_cap(prompt_tokens: int, tenant: Tenant, param: str) -> None:
-    cap = tenant.policy.max_prompt_tokens
-    if cap is not None and prompt_tokens > cap:
-        raise InvalidRequest(
-            f"the prompt has {prompt_tokens} tokens; this API key may send at most {cap}",
-            param=param, code="tenant_prompt_limit",
-        )  # fmt: skip

@@ -77,9 +77,10 @@ class Scheduler:
         workers: Sequence[WorkerState],
         blocks: PromptBlocks,
         exclude: Collection[str] = (),
-        kv_tokens_needed: int = 0,
+        *,
+        kv_output_tokens: int | None = None,
     ) -> Decision | None:
-        """``kv_tokens_needed``: on the decode side, the KV the request will hold there."""
+        """``kv_output_tokens``: on the decode side, the output its KV must hold too."""
         if all(w.worker_id in exclude for w in workers):
             return None
         query = self._query(blocks)
@@ -89,7 +90,7 @@ class Scheduler:
         context = PickContext(
             query=query, turn=turn, weights=self._weights[role],
             epsilon=settings.bounded_load_epsilon, load_floor=settings.bounded_load_floor,
-            token_floor=settings.bounded_load_token_floor, kv_tokens_needed=kv_tokens_needed,
+            token_floor=settings.bounded_load_token_floor, kv_output_tokens=kv_output_tokens,
             kv_overcommit=self._kv_overcommit, now_s=self._clock(),
             preemption_cooldown_s=self._preemption_cooldown_s,
         )  # fmt: skip

@@ -76,8 +76,9 @@ class PickContext:
     epsilon: float = 0.5
     load_floor: int = 0
     token_floor: int = 0
-    # Decode side (0: not checked): the KV the request needs, and what a worker may promise.
-    kv_tokens_needed: int = 0
+    # Decode side (None: not checked): the output the KV must hold besides the uncached
+    # prompt, and what a worker may promise.
+    kv_output_tokens: int | None = None
     kv_overcommit: float = 1.0
     now_s: float = 0.0
     preemption_cooldown_s: float = 0.0
@@ -191,14 +192,15 @@ def _known_load(candidates: list[Candidate], _: PickContext) -> list[Candidate]:
 
 
 def kv_free_tokens(worker: WorkerState, inflight: InFlight, overcommit: float) -> float:
-    """KV tokens a worker can still promise: the lower of what its engine reports free
-    and its capacity (times ``overcommit``) less what this router has reserved there.
-    Unknown capacity: unbounded (the engine's own admission decides)."""
+    """KV tokens a worker can still promise, out of its capacity x ``overcommit``: less
+    what its engine reports in use, and less what this router has reserved there,
+    whichever leaves less. Unknown capacity: unbounded (the engine's own admission decides)."""
     capacity = worker.registration.kv_capacity_tokens
     if not capacity:
         return math.inf
-    reported_free = capacity * (1.0 - worker.load.kv_cache_usage_perc)
-    return min(reported_free, capacity * overcommit - inflight.kv_tokens)
+    promised = capacity * overcommit
+    in_use = capacity * worker.load.kv_cache_usage_perc
+    return promised - max(in_use, inflight.kv_tokens)
 
 
 def has_kv_room(worker: WorkerState, inflight: InFlight, needed: int, overcommit: float) -> bool:
@@ -214,11 +216,12 @@ def thrashing(worker: WorkerState, now_s: float, cooldown_s: float) -> bool:
 
 @register_filter("kv_headroom")
 def _kv_headroom(candidates: list[Candidate], context: PickContext) -> list[Candidate]:
-    if context.kv_tokens_needed <= 0:
+    output = context.kv_output_tokens
+    if output is None:
         return candidates
     room = [
         c for c in candidates
-        if has_kv_room(c.worker, c.inflight, context.kv_tokens_needed, context.kv_overcommit)
+        if has_kv_room(c.worker, c.inflight, c.uncached_tokens + output, context.kv_overcommit)
         and not thrashing(c.worker, context.now_s, context.preemption_cooldown_s)
     ]  # fmt: skip
     return room or candidates

@@ -361,6 +361,16 @@ class AdmissionSettings(_Group):
     default_max_tokens_by_model: str = Field(
         "", description="Per-model default max_tokens, `model=N,...`."
     )
+    max_prompt_tokens_by_model: str = Field(
+        "",
+        description="Per-model prompt caps below the context window, `model=N,...`; "
+        "beyond: 400 `model_prompt_limit`.",
+    )
+    max_output_tokens_by_model: str = Field(
+        "",
+        description="Per-model output caps, `model=N,...`; beyond: 400 `model_output_limit` "
+        "(and the default for requests that set none, when lower).",
+    )
     tenants: str = Field(
         "",
         description='Tenant policies as JSON: `{"name": {"keys": [api keys], "rpm": N, '
@@ -392,6 +402,15 @@ class AdmissionSettings(_Group):
         description="The prefill queue's bound, in uncached prompt tokens per first-hop "
         "worker: past it, requests wait in the router (by priority, fair between tenants).",
     )
+    prefill_queue_slo_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=10,
+        description="Also bound the prefill queue in time: at most this fraction of the "
+        "model's TTFT SLO of work (at the workers' learned prefill rates) is let into the "
+        "engines, whose queues are first come first served; the rest waits in the router, "
+        "where priority and tenant shares apply.",
+    )
     max_queued_requests: int = Field(
         1024, ge=0, le=1_000_000, description="Requests one model's queue may hold; beyond: 429."
     )
@@ -422,6 +441,12 @@ class AdmissionSettings(_Group):
     def default_tenant(self) -> TenantPolicy:
         return TenantPolicy(rpm=self.default_tenant_rpm, tpm=self.default_tenant_tpm)
 
+    def model_caps(self, model: str) -> tuple[int | None, int | None]:
+        """(prompt, output) token caps for the model; None: no cap of its own."""
+        prompt = _pairs(self.max_prompt_tokens_by_model).get(model)
+        output = _pairs(self.max_output_tokens_by_model).get(model)
+        return (int(prompt) if prompt else None), (int(output) if output else None)
+
     def ttft_slo_of(self, model: str) -> float:
         return float(_pairs(self.ttft_slo_by_model).get(model, self.ttft_slo_s))
 
@@ -430,7 +455,12 @@ class AdmissionSettings(_Group):
 
     @model_validator(mode="after")
     def _check_maps(self) -> AdmissionSettings:
+        numeric = (
+            (self.max_prompt_tokens_by_model, int),
+            (self.max_output_tokens_by_model, int),
+        )
         for spec, cast in (
+            *numeric,
             (self.ttft_slo_by_model, float),
             (self.default_max_tokens_by_model, int),
         ):

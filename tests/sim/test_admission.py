@@ -31,7 +31,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=1, port=port,
         run_dir=tmp_path_factory.mktemp("admission"), engine="sim", ready_timeout_s=60,
         heartbeat_interval_s=0.5, drain_timeout_s=2, max_model_len=4096,
-        router_env={"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_MAX_MESSAGES": "4"},
+        router_env={"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_MAX_MESSAGES": "4",
+                    "PDSERVE_MAX_OUTPUT_TOKENS_BY_MODEL": f"{MODEL}=64"},
     )  # fmt: skip
     local = LocalCluster(plan, say=lambda _: None)
     try:
@@ -72,6 +73,7 @@ def test_oversized_requests_are_refused_before_any_worker_computes(cluster):
     cases = [
         ({"prompt": long_prompt, "max_tokens": 4}, "key-capped", "tenant_prompt_limit"),
         ({"prompt": "hi", "max_tokens": 17}, "key-capped", "tenant_output_limit"),
+        ({"prompt": "hi", "max_tokens": 65}, "key-open", "model_output_limit"),
         ({"messages": [{"role": "user", "content": "x"}] * 5}, "key-open", "too_many_messages"),
         ({"prompt": " ".join(["word"] * 5000)}, "key-open", "context_length_exceeded"),
     ]

@@ -51,7 +51,7 @@ def test_a_worker_is_thrashing_for_the_cooldown_after_its_latest_preemption():
 def pick(workers: list[WorkerState], loads: dict[str, InFlight], needed: int) -> str:
     query = RouteQuery(prompt_tokens=100, block_size=16, matched={})
     context = PickContext(
-        query=query, turn=0, weights={"running_requests": 1.0}, kv_tokens_needed=needed,
+        query=query, turn=0, weights={"running_requests": 1.0}, kv_output_tokens=needed - 100,
         now_s=10.0, preemption_cooldown_s=5.0,
     )  # fmt: skip
     candidates = [candidate(w, query, loads.get(w.worker_id, InFlight())) for w in workers]
