@@ -61,8 +61,9 @@ class Admitted:
 @dataclass(frozen=True, slots=True)
 class _Forecast:
     ttft_s: float
-    own_prefill_s: float  # its own prefill on the best worker, with no queue
+    own_prefill_s: float  # its own prefill (and handoff) on the best workers, with no queue
     uncached_tokens: int
+    queued: bool  # work is ahead of it somewhere: waiting could help it
 
 
 class Admission:
@@ -99,7 +100,7 @@ class Admission:
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
         request = self._with_output_cap(request, blocks)
-        output = requested_output(request.body)
+        output = requested_output(request.body, chat=request.chat)
         if output is None:  # as vLLM: the rest of the context, which KV may have to hold
             limit = context_limit(pools.first_hop)
             output = max(0, limit - blocks.token_count) if limit else 0
@@ -110,7 +111,9 @@ class Admission:
         self._check_decode_room(request, decode_pool, blocks, output)
         slo_s = self._slo_s(request)
         forecast = self._forecast(request, pools, blocks)
-        if forecast.ttft_s > slo_s:
+        # Refused only when a queue is what makes it late: alone on idle workers a request
+        # is as fast as it can be, and serving it keeps the predictor learning.
+        if forecast.ttft_s > slo_s and forecast.queued:
             raise self._refused(
                 request, "ttft_slo_unattainable",
                 f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
@@ -214,11 +217,18 @@ class Admission:
                 weight=request.tenant.policy.weight, cost=own_tokens,
             )  # fmt: skip
         pool_tokens_per_s = sum(predictor.tokens_per_s(w.worker_id) for w in first_hop)
-        handoff_s = predictor.handoff_s(request.model) if pools.disaggregated else 0.0
+        handoff_s = idle_handoff_s = 0.0
+        decode_busy = False
+        if pools.disaggregated:
+            in_flight = {w.worker_id: self._load.of(w.worker_id).requests for w in pools.decode}
+            handoff_s = min(predictor.handoff_s(w, n + 1) for w, n in in_flight.items())
+            idle_handoff_s = min(predictor.handoff_s(w, 1) for w in in_flight)
+            decode_busy = min(in_flight.values()) > 0
         return _Forecast(
             ttft_s=ttft_on(best) + ahead / pool_tokens_per_s + handoff_s,
-            own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + handoff_s,
+            own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
             uncached_tokens=own_tokens,
+            queued=bool(ahead or self._load.of(best.worker_id).tokens or decode_busy),
         )
 
     def _queue_limit_tokens(self, model: str, first_hop: Sequence[WorkerState]) -> int:

@@ -250,6 +250,7 @@ class Orchestrator:
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
         queued = self._load.of(worker.worker_id).tokens
+        requests_there = self._load.of(worker.worker_id).requests + 1
         # Its KV there: the prompt blocks the worker does not hold yet, and the output.
         kv_tokens = decision.uncached_tokens + request.max_output_tokens
         ticket = self._load.begin(worker.worker_id, own, kv_tokens=kv_tokens)
@@ -261,7 +262,9 @@ class Orchestrator:
             if handoff is None:
                 self._predictor.observe_prefill(worker.worker_id, queued, own, at_s - started_s)
             else:
-                self._predictor.observe_handoff(request.model, at_s - handoff.issued_at_s)
+                self._predictor.observe_handoff(
+                    worker.worker_id, requests_there, at_s - handoff.issued_at_s
+                )
             if request.predicted_ttft_s is not None:
                 error_s = abs(at_s - request.arrived_s - request.predicted_ttft_s)
                 self._metrics.ttft_prediction_error.labels(request.model).observe(error_s)

@@ -59,8 +59,9 @@ def _too_long(param: str, limit: int) -> InvalidRequest:
     )  # fmt: skip
 
 
-def requested_output(body: dict[str, Any]) -> int | None:
-    for name in OUTPUT_FIELDS:
+def requested_output(body: dict[str, Any], *, chat: bool) -> int | None:
+    """The request's own output cap, by the field vLLM reads on its endpoint."""
+    for name in OUTPUT_FIELDS if chat else ("max_tokens",):
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -82,7 +83,7 @@ def apply_output_cap(
     """The body with the output cap a request without one gets, or None to keep it.
 
     Raises when the request asks for more than a cap allows."""
-    asked = requested_output(request.body)
+    asked = requested_output(request.body, chat=request.chat)
     if asked is not None:
         for cap in caps:
             if cap.output_tokens is not None and asked > cap.output_tokens:

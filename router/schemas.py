@@ -25,6 +25,9 @@ class GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
+    # Chat's name for max_tokens; on /v1/completions vLLM ignores it, but the router reads
+    # the field, so its type is checked on both.
+    max_completion_tokens: int | None = Field(None, ge=1)
     # n > 1 and prompt lists are served one call per choice (router/fan_out.py).
     n: int = Field(1, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -53,7 +56,6 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
-    max_completion_tokens: int | None = Field(None, ge=1)
 
 
 def validate(

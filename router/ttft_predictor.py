@@ -8,8 +8,12 @@ sample), so a worker that slows down is re-learned within tens of requests. Unti
 worker has ``min_samples`` spread over distinct sizes, it is assumed to prefill at
 ``prior_tokens_per_s`` with no fixed cost (optimistic: a new worker is not refused).
 
-For a disaggregated request the first token also waits for the KV handoff and the
-decode's first step: ``handoff_s`` per model, an EWMA of first token minus prefill end.
+For a disaggregated request the first token also waits for the KV transfer and the
+decode's first step, which grow with the decode worker's load: per decode worker,
+handoff seconds = ``intercept + slope x requests in flight there`` (itself included),
+fitted the same way from first token minus prefill end. Both models follow the load
+they are given, so a prediction falls back as queues drain: no stale average keeps
+refusing work after a burst.
 
 Pure: no I/O, no clock; the orchestrator reports what it saw.
 """
@@ -65,7 +69,7 @@ class TTFTPredictor:
         self._decay = decay
         self._min_samples = min_samples
         self._fits: dict[str, _Fit] = {}
-        self._handoff_s: dict[str, float] = {}
+        self._handoff_fits: dict[str, _Fit] = {}
 
     def __repr__(self) -> str:
         return f"TTFTPredictor(workers={len(self._fits)})"
@@ -82,21 +86,32 @@ class TTFTPredictor:
         line = fit.line(self._min_samples) if fit is not None else None
         return 1.0 / (line[1] if line is not None else self._prior_slope)
 
-    def handoff_s(self, model: str) -> float:
-        return self._handoff_s.get(model, 0.0)
+    def handoff_s(self, decode_worker_id: str, requests: int) -> float:
+        """Seconds from prefill end to first token on this decode worker, with
+        ``requests`` in flight there (this one included); 0 until it has taught us."""
+        fit = self._handoff_fits.get(decode_worker_id)
+        line = fit.line(self._min_samples) if fit is not None else None
+        if line is None:
+            return 0.0
+        return line[0] + line[1] * requests
 
     def observe_prefill(
         self, worker_id: str, queued_tokens: int, own_tokens: int, seconds: float
     ) -> None:
-        fit = self._fits.get(worker_id)
-        if fit is None:
-            if len(self._fits) >= self._max_workers:  # the oldest fit is a departed worker's
-                del self._fits[next(iter(self._fits))]
-            fit = self._fits[worker_id] = _Fit()
-        fit.add(float(queued_tokens + own_tokens), seconds, self._decay)
-
-    def observe_handoff(self, model: str, seconds: float, alpha: float = 0.1) -> None:
-        previous = self._handoff_s.get(model)
-        self._handoff_s[model] = (
-            seconds if previous is None else previous + alpha * (seconds - previous)
+        _fit_of(self._fits, worker_id, self._max_workers).add(
+            float(queued_tokens + own_tokens), seconds, self._decay
         )
+
+    def observe_handoff(self, decode_worker_id: str, requests: int, seconds: float) -> None:
+        _fit_of(self._handoff_fits, decode_worker_id, self._max_workers).add(
+            float(requests), seconds, self._decay
+        )
+
+
+def _fit_of(fits: dict[str, _Fit], worker_id: str, max_workers: int) -> _Fit:
+    fit = fits.get(worker_id)
+    if fit is None:
+        if len(fits) >= max_workers:  # the oldest fit is a departed worker's
+            del fits[next(iter(fits))]
+        fit = fits[worker_id] = _Fit()
+    return fit

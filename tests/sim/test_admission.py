@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -15,6 +16,8 @@ from benchmarks.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
+from tests.conditions import wait_for
+from tests.sim.faults import set_faults
 
 MODEL = tiny_llama.SERVED_NAME
 TENANTS = {
@@ -103,17 +106,35 @@ def test_over_the_request_rate_is_429_with_retry_after_in_openais_shape(cluster)
     assert post(cluster, {"prompt": "hello", "max_tokens": 2}).status_code == 200
 
 
-def test_a_request_that_cannot_meet_its_ttft_target_is_refused_at_once(cluster):
-    before, refused = engine_prompt_tokens(cluster), rejections(cluster, "ttft_slo_unattainable")
+def prefill_in_flight(cluster: LocalCluster) -> int:
+    workers = cluster.admin("GET", "/admin/v1/pools")["models"][MODEL]["workers"]
+    return sum(w["inflight_requests"] for w in workers if w["role"] == "prefill")
+
+
+def test_a_request_that_cannot_meet_its_ttft_target_behind_a_queue_is_refused_at_once(cluster):
     prompt = " ".join(["word"] * 2000)
-    response = post(cluster, {"prompt": prompt, "max_tokens": 2}, **{"x-pdserve-ttft-slo-ms": "1"})
-    assert_openai_error(response, 429, "ttft_slo_unattainable")
-    assert int(response.headers["retry-after"]) >= 1
-    assert rejections(cluster, "ttft_slo_unattainable") == refused + 1
-    assert engine_prompt_tokens(cluster) == before
+    body = {"prompt": prompt, "max_tokens": 2}
+    slo = {"x-pdserve-ttft-slo-ms": "1"}
+    # Alone on idle workers a request is as fast as it can be: admitted, whatever it asks.
+    assert post(cluster, body, **slo).status_code == 200
+    # Behind a queue (a prefill the engine is told to run 100x slower) it is refused.
+    assert set_faults(cluster, "prefill-0", slowdown=100).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(post, cluster, {"prompt": "queue " + prompt, "max_tokens": 1})
+        try:
+            wait_for(lambda: prefill_in_flight(cluster) > 0, 30, "a prefill in flight")
+            before = engine_prompt_tokens(cluster)
+            refused = rejections(cluster, "ttft_slo_unattainable")
+            response = post(cluster, body, **slo)
+            assert_openai_error(response, 429, "ttft_slo_unattainable")
+            assert int(response.headers["retry-after"]) >= 1
+            assert rejections(cluster, "ttft_slo_unattainable") == refused + 1
+            assert engine_prompt_tokens(cluster) == before
+        finally:
+            set_faults(cluster, "prefill-0", slowdown=1)
+        assert ahead.result(timeout=60).status_code == 200
     # A target the pool can meet is admitted; a client cannot ask for more than the model's.
-    assert post(cluster, {"prompt": prompt, "max_tokens": 2},
-                **{"x-pdserve-ttft-slo-ms": "60000"}).status_code == 200  # fmt: skip
+    assert post(cluster, body, **{"x-pdserve-ttft-slo-ms": "60000"}).status_code == 200
 
 
 def test_a_malformed_ttft_header_is_a_400_naming_it(cluster):

@@ -53,5 +53,7 @@ def test_a_request_without_an_output_cap_gets_the_lowest_of_the_default_and_the_
     assert apply_output_cap(request({"prompt": "x"}), (), 100)["max_tokens"] == 100
     # No default and no cap: vLLM's rule (the rest of the context) stays.
     assert apply_output_cap(request({"prompt": "x"}), (Caps("model"),), 0) is None
-    # max_completion_tokens counts as the request's own cap.
-    assert apply_output_cap(request({"max_completion_tokens": 8}), caps, 100) is None
+    # max_completion_tokens is a chat request's own cap; /v1/completions reads max_tokens.
+    chat = request({"max_completion_tokens": 8}, Endpoint.CHAT)
+    assert apply_output_cap(chat, caps, 100) is None
+    assert apply_output_cap(request({"max_completion_tokens": 8}), caps, 100)["max_tokens"] == 32

@@ -43,9 +43,11 @@ def test_one_size_only_gives_the_mean_rate():
     assert predictor.prefill_s("w", 500, 500) == pytest.approx(0.5)
 
 
-def test_the_handoff_time_is_a_moving_average_per_model():
+def test_the_handoff_time_follows_the_decode_workers_load():
     predictor = TTFTPredictor(prior_tokens_per_s=1e6)
-    assert predictor.handoff_s("m") == 0.0
-    for _ in range(100):
-        predictor.observe_handoff("m", 0.02)
-    assert predictor.handoff_s("m") == pytest.approx(0.02)
+    assert predictor.handoff_s("d", requests=5) == 0.0  # nothing learned: no guess
+    for requests in range(1, 41):
+        predictor.observe_handoff("d", requests, 0.01 + 0.005 * requests)
+    assert predictor.handoff_s("d", requests=60) == pytest.approx(0.31, rel=0.05)
+    # The load drained: the same fit predicts the idle time, not the burst's average.
+    assert predictor.handoff_s("d", requests=1) == pytest.approx(0.015, rel=0.1)

@@ -1,0 +1,87 @@
+"""Malformed bodies never get a 5xx: generated requests against the router of the shared
+sim cluster, over real HTTP. Every refusal is a 4xx in OpenAI's error shape.
+
+Bodies start from a valid request of each endpoint and are then bent: fields replaced by
+values of any JSON type (huge, negative, NaN-like, nested), the other endpoint's fields
+added, required fields dropped; and raw bytes that are not JSON at all. Generation is
+derandomized (a fixed seed), so a failure reproduces; hypothesis prints the body.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.clusters import MODEL
+
+FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream",
+          "stream_options", "n", "temperature", "top_p", "seed", "stop", "logprobs", "echo",
+          "kv_transfer_params", "response_format", "tools", "tool_choice", "min_tokens",
+          "return_token_ids", "best_of", "user")  # fmt: skip
+SCALARS = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0, 1, -1, 2**31, 2**63, 1e308, -1e308, 1e-300]),
+    st.text(max_size=20), st.sampled_from(["", MODEL, "user", "true", "NaN", "1"]),
+)  # fmt: skip
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+BASE = {
+    "/v1/completions": {"model": MODEL, "prompt": "hello", "max_tokens": 2},
+    "/v1/chat/completions": {"model": MODEL, "max_tokens": 2,
+                             "messages": [{"role": "user", "content": "hello"}]},
+}  # fmt: skip
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
+    path = draw(st.sampled_from(sorted(BASE)))
+    if draw(st.integers(0, 9)) == 0:  # not JSON, or JSON cut short
+        raw = json.dumps(BASE[path]).encode()
+        return path, draw(st.sampled_from([raw[: len(raw) // 2], b"", b"[", b"nul", raw + b"}",
+                                           b'{"model": NaN}', b"\xff\xfe"]))  # fmt: skip
+    body = dict(BASE[path])
+    for field in draw(st.lists(st.sampled_from(FIELDS), max_size=4, unique=True)):
+        if draw(st.booleans()) and field in body:
+            del body[field]
+        else:
+            body[field] = draw(JSON)
+    # A long generation is not what is tested: keep integer output caps small when valid.
+    for cap in ("max_tokens", "max_completion_tokens", "n", "min_tokens", "best_of"):
+        value = body.get(cap)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            body[cap] = min(value, 4)
+    if isinstance(body.get("messages"), list):
+        body["messages"] = body["messages"][:4]
+    return path, json.dumps(body).encode()
+
+
+@pytest.fixture(scope="module")
+def client(sim_cluster) -> httpx.Client:
+    with httpx.Client(base_url=sim_cluster.router_url, timeout=60) as http:
+        yield http
+
+
+@settings(
+    max_examples=2000, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)  # fmt: skip
+@given(request=bodies())
+def test_no_body_gets_a_5xx_and_every_refusal_is_openais_shape(client, request):
+    path, payload = request
+    headers = {"Content-Type": "application/json"}
+    with client.stream("POST", path, content=payload, headers=headers) as response:
+        text = response.read().decode(errors="replace")
+    assert response.status_code < 500, (response.status_code, payload, text[:500])
+    if response.status_code >= 400:
+        error = json.loads(text)["error"]
+        assert set(error) == {"message", "type", "param", "code"}, text
