@@ -105,6 +105,9 @@ class Admission:
             limit = context_limit(pools.first_hop)
             output = max(0, limit - blocks.token_count) if limit else 0
         await self._rate_limit(request, blocks.token_count + output)
+        # The KV its output is expected to need: most requests stop well short of a large
+        # max_tokens (or of the context, with none); one that runs on may be preempted.
+        output = min(output, self._settings.expected_output_tokens)
         decode_pool = pools.decode if pools.disaggregated else pools.colocated
         if not pools.first_hop or not decode_pool:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503

@@ -421,12 +421,19 @@ class AdmissionSettings(_Group):
         "teach the TTFT predictor. Low on purpose: a cold pool under a burst refuses a "
         "little early rather than queue what will miss (see benchmarks/results/admission.md).",
     )
+    expected_output_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Output KV reserved per request on the decode side: its max_tokens "
+        "(or, with none, the rest of the context), but at most this many tokens.",
+    )
     decode_kv_overcommit: float = Field(
         1.0,
         gt=0,
         le=100,
-        description="How far the KV reserved on a decode worker (prompt + max_tokens of each "
-        "request in flight) may exceed its capacity. 1: never (no preemption by design).",
+        description="How far the KV reserved on a decode worker (per request in flight: the "
+        "prompt blocks it did not hold, plus the expected output) may exceed its capacity. "
+        "1: never.",
     )
     preemption_cooldown_s: float = Field(
         5.0,
