@@ -112,7 +112,8 @@ class Admission:
         if not pools.first_hop or not decode_pool:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
         self._check_decode_room(request, decode_pool, blocks, output)
-        slo_s = self._slo_s(request)
+        # Aim under the SLO by the predictor's typical error, so what is admitted meets it.
+        slo_s = self._slo_s(request) * self._settings.ttft_slo_headroom
         forecast = self._forecast(request, pools, blocks)
         # Refused only when a queue is what makes it late: alone on idle workers a request
         # is as fast as it can be, and serving it keeps the predictor learning.

@@ -395,6 +395,13 @@ class AdmissionSettings(_Group):
         "predicted TTFT is over it gets 429 at once, and one still queued past it is dropped "
         "(429). A client may ask for less with `x-pdserve-ttft-slo-ms`, never more.",
     )
+    ttft_slo_headroom: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Admission aims at this fraction of the TTFT SLO (predicted TTFT and the "
+        "queue deadline), leaving the rest for the predictor's error.",
+    )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
     prefill_queue_tokens_per_worker: int = Field(
         16384,
