@@ -97,6 +97,14 @@ class Admission:
         """The request's shape, before its prompt is tokenized."""
         check_shape(request, self._settings)
 
+    def precheck(self, request: PreparedRequest, pools: Pools) -> None:
+        """Before tokenizing: refuse at once when the queue ahead alone would make it late
+        (its own prefill only adds), so an overloaded pool's 429 costs no tokenization."""
+        if pools.first_hop and (pools.colocated or pools.decode):
+            forecast = self._forecast(request, pools, dict.fromkeys(
+                (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
+            self._refuse_if_late(request, forecast, self._target_s(request))
+
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
         request = self._with_output_cap(request, blocks)
@@ -112,18 +120,10 @@ class Admission:
         if not pools.first_hop or not decode_pool:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
         self._check_decode_room(request, decode_pool, blocks, output)
-        # Aim under the SLO by the predictor's typical error, so what is admitted meets it.
-        slo_s = self._slo_s(request) * self._settings.ttft_slo_headroom
-        forecast = self._forecast(request, pools, blocks)
-        # Refused only when a queue is what makes it late: alone on idle workers a request
-        # is as fast as it can be, and serving it keeps the predictor learning.
-        if forecast.ttft_s > slo_s and forecast.queued:
-            raise self._refused(
-                request, "ttft_slo_unattainable",
-                f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
-                f"{slo_s:.2f}s target; the prefill queue is full, retry later",
-                wait_s=forecast.ttft_s - slo_s,
-            )  # fmt: skip
+        slo_s = self._target_s(request)
+        uncached = self._scheduler.uncached_tokens(pools.first_hop, blocks)
+        forecast = self._forecast(request, pools, uncached)
+        self._refuse_if_late(request, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
             # Again after the wait, with nothing awaited between this and the decode pick:
@@ -198,13 +198,28 @@ class Admission:
                 wait_s=1.0,
             )  # fmt: skip
 
-    def _slo_s(self, request: PreparedRequest) -> float:
+    def _target_s(self, request: PreparedRequest) -> float:
+        """The SLO (the model's, or the client's if lower) less the predictor's margin."""
         model_slo_s = self._settings.ttft_slo_of(request.model)
-        return min(model_slo_s, request.ttft_slo_s or model_slo_s)
+        slo_s = min(model_slo_s, request.ttft_slo_s or model_slo_s)
+        return slo_s * self._settings.ttft_slo_headroom
 
-    def _forecast(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> _Forecast:
+    def _refuse_if_late(self, request: PreparedRequest, forecast: _Forecast, slo_s: float) -> None:
+        # Refused only when a queue is what makes it late: alone on idle workers a request
+        # is as fast as it can be, and serving it keeps the predictor learning.
+        if forecast.ttft_s > slo_s and forecast.queued:
+            raise self._refused(
+                request, "ttft_slo_unattainable",
+                f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
+                f"{slo_s:.2f}s target; the prefill queue is full, retry later",
+                wait_s=forecast.ttft_s - slo_s,
+            )  # fmt: skip
+
+    def _forecast(
+        self, request: PreparedRequest, pools: Pools, uncached: dict[str, int]
+    ) -> _Forecast:
+        """``uncached``: what each first-hop worker would prefill of the prompt."""
         first_hop = pools.first_hop
-        uncached = self._scheduler.uncached_tokens(first_hop, blocks)
         predictor = self._predictor
 
         def ttft_on(worker: WorkerState) -> float:

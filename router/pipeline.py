@@ -62,6 +62,7 @@ class RequestPipeline:
     async def serve_one(self, request: PreparedRequest) -> Response:
         """One choice: measure, admit, schedule and orchestrate."""
         pools = self._registry.pools(request.model, self._clock())
+        self._admission.precheck(request, pools)
         blocks = await measure_prompt(
             request, pools.first_hop, self._hashers,
             offload_chars=self._settings.tokenize_offload_chars,
