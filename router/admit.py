@@ -3,19 +3,23 @@ before schedule.
 
 In order, cheapest first; each refusal is OpenAI's error shape, and every 429 carries
 ``Retry-After`` and ``x-pdserve-reject-reason``:
-1. limits (``request_limits``): message count and size (checked before tokenizing), the
-   tenant's prompt and output caps, the default output cap;
+1. limits (``request_limits``): message count and size, and (``precheck``) a queue that
+   alone would make the request late, both before tokenizing; then the model's and the
+   tenant's prompt and output caps, and the default output cap;
 2. the tenant's token buckets, requests and tokens per minute (shared through the
    control-plane state: Redis when replicas share it). A state that cannot be reached
    lets the request through, counted: rate limits fail open, serving does not stop;
-3. decode KV headroom: some decode worker can hold prompt + max output and has not
-   preempted within the cooldown, else 429 now, before any prefill is spent on it;
-4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus the router's
-   queue ahead of it: over the SLO (the model's, or the client's if lower) is a 429 at
-   once, since work that will miss is not worth accepting;
-5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens per
-   worker; a request waits there by priority and tenant share, and is dropped with a 429
-   if it cannot start by its deadline (arrival + SLO - its own prefill time).
+3. decode KV headroom: some decode worker can hold the prompt blocks it lacks plus the
+   expected output and has not preempted within the cooldown, else 429 now, before any
+   prefill is spent on it (checked again after the queue wait);
+4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus its fair share
+   of the router's queue and the decode handoff: over ``ttft_slo_headroom`` x the SLO
+   (the model's, or the client's if lower), and only when a queue is the cause, is a 429
+   at once: work that will miss is not worth accepting;
+5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
+   worker, and in time); a request waits there by priority and tenant share, and is
+   dropped with a 429 if it cannot start by its deadline (arrival + target - its own
+   prefill time).
 The grant it returns is released once the request's prefill is done.
 """
 
