@@ -1,19 +1,53 @@
-"""Free-port allocation for local processes."""
+"""Free-port allocation for local processes.
+
+Ports are chosen below the kernel's ephemeral range (``ip_local_port_range``). A port
+taken from inside that range with ``bind(0)`` is free only until the kernel hands it out
+again, as some process's outgoing connection or another ``bind(0)``: on a busy box a vLLM
+engine restarted on a KV-events port that had been handed out that way failed with
+"Address already in use" on every restart (CI saw a worker never get ready). Below the
+range, only a process that names the port itself can take it.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+_LOWEST = 10_000  # above the registered services most boxes run
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _bindable(port: int, host: str) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that were free a moment ago (sockets held until all are picked)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports, free a moment ago and outside the kernel's ephemeral range
+    (random among them, so two launchers on one box rarely pick the same)."""
+    end = _ephemeral_start()
+    if end - _LOWEST < count * 10:
+        raise RuntimeError(f"too few ports below the ephemeral range ({_LOWEST}-{end})")
+    rng = random.SystemRandom()
+    chosen: list[int] = []
+    for _ in range(count * 200):
+        if len(chosen) == count:
+            return chosen
+        port = rng.randrange(_LOWEST, end)
+        if port not in chosen and _bindable(port, host):
+            chosen.append(port)
+    if len(chosen) == count:
+        return chosen
+    raise RuntimeError(f"found {len(chosen)} of {count} free ports below {end}")
