@@ -4,24 +4,24 @@ BIN := $(VENV)/bin
 MODEL ?= smollm2
 PORT ?= 8000
 
-.PHONY: setup redis run test test-fast test-real lint format bench docs
+.PHONY: setup tools run test test-fast test-real lint format bench docs
 
 setup:
 	@bash deploy/install.sh
 
-## redis-server for the state tests (the Redis backend is tested against a real one).
-redis:
-	@bash deploy/install_redis.sh
+## redis-server and promtool for the tests (Redis backend, alert rules).
+tools:
+	@bash deploy/install_test_tools.sh
 
 ## Start a local cluster (router + 1 prefill + 1 decode) with SmolLM2-135M-Instruct.
 run: setup
 	$(BIN)/pdserve up --model $(MODEL) --port $(PORT)
 
 ## Lint, then every test tier: fast (no vLLM) and real (vLLM CPU + tiny model).
-test: setup redis lint
+test: setup tools lint
 	$(BIN)/pytest -v
 
-test-fast: setup redis
+test-fast: setup tools
 	$(BIN)/pytest -v -m "not vllm"
 
 test-real: setup

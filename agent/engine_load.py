@@ -11,6 +11,12 @@ _GAUGES = {
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
     "vllm:num_preemptions_total": "num_preemptions",
+    "vllm:external_prefix_cache_queries_total": "external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits_total": "external_prefix_cache_hits",
+    "vllm:nixl_xfer_time_seconds_count": "kv_transfers",
+    "vllm:nixl_xfer_time_seconds_sum": "kv_transfer_seconds",
+    "vllm:nixl_bytes_transferred_sum": "kv_transfer_bytes",
+    "vllm:nixl_num_failed_transfers_total": "kv_transfer_failures",
 }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent.engine_memory import accelerator_name
 from agent.placement import ExpectedPlacement, parse_cpu_list
 from kvtransfer.transport import NixlTransport
 
@@ -43,6 +44,7 @@ class SimFacts:
     block_size_tokens: int
     kv_capacity_tokens: int
     max_model_len: int
+    accelerator: str = "cpu"  # what the profile models, priced as such by the cost model
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +104,12 @@ class EngineSpec:
             return None  # set by vLLM's memory profiling; not known before it runs
         bytes_per_token = kv_bytes_per_token(Path(self.model_path))
         return None if bytes_per_token is None else self.kv_cache_gib * 2**30 // bytes_per_token
+
+    def accelerator(self) -> str:
+        """The cost model's worker kind: the simulated accelerator, or the device here."""
+        if self.sim_facts is not None:
+            return self.sim_facts.accelerator
+        return accelerator_name() if self.device == "cuda" else "cpu"
 
     def context_window(self) -> int | None:
         """--max-model-len, or what the engine defaults it to."""

@@ -8,6 +8,7 @@ import logging
 
 import aiohttp
 
+from agent import engine_memory
 from agent.engine_load import parse_load
 from contracts.workers import (
     HeartbeatReply,
@@ -89,6 +90,9 @@ class RouterReporter:
 
     async def beat(self) -> None:
         load = await self._scrape_load() if self.ready else WorkerLoad()
+        if self.ready:
+            memory = await asyncio.to_thread(engine_memory.measure, self.registration.engine_pid)
+            load = load.model_copy(update=memory.as_load_fields())
         heartbeat = WorkerHeartbeat(
             worker_id=self.registration.worker_id,
             ready=self.ready and not self.draining,

@@ -17,6 +17,7 @@ from agent.engine_spec import EngineSpec, detect_device
 from agent.reporter import RouterReporter
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
 from contracts.block_hashing import engine_hash_seed
+from contracts.logs import configure_logging
 from contracts.workers import WorkerRegistration, WorkerRole
 from kvtransfer.transport import KVRole, NixlTransport
 
@@ -140,10 +141,7 @@ def run_agent(
     token = os.environ.get("PDSERVE_ADMIN_TOKEN", "")
     if not token:
         raise SystemExit("PDSERVE_ADMIN_TOKEN must be set: agents authenticate to the router")
-    logging.basicConfig(
-        level=os.environ.get("PDSERVE_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s %(levelname)s {role.value} %(message)s",
-    )
+    configure_logging(role.value)
     worker_id = args.worker_id or f"{role.value}-{spec.host}-{spec.port}"
     log_path = Path(args.log_file or f"{worker_id}.engine.log")
     agent = _Agent(worker_id=worker_id, args=args, token=token, log_path=log_path, respec=respec)
@@ -164,6 +162,7 @@ def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerR
         tokenizer_path=str(Path(spec.model_path).resolve()),
         kv_capacity_tokens=spec.kv_capacity_tokens(),
         max_model_len=spec.context_window(),
+        accelerator=spec.accelerator(),
     )
 
 

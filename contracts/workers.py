@@ -41,6 +41,21 @@ class WorkerLoad(BaseModel):
     prefix_cache_hits: float = 0.0
     # Lifetime count of requests the engine preempted (KV ran out mid-decode).
     num_preemptions: float = 0.0
+    # Lifetime prompt tokens the KV connector was asked for and found on a peer: on a
+    # decode worker, the prompt pulled from prefill (not a prefix-cache miss).
+    external_prefix_cache_queries: float = 0.0
+    external_prefix_cache_hits: float = 0.0
+    # Lifetime NIXL transfers this engine pulled (vLLM's nixl_* metrics): count, seconds,
+    # bytes, and failures (handshake and notification failures included).
+    kv_transfers: float = 0.0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_bytes: float = 0.0
+    kv_transfer_failures: float = 0.0
+    # Measured by the agent, not vLLM: resident memory of the engine's processes, and on
+    # a GPU the accelerator memory they hold and the devices' total (0 when none).
+    engine_memory_bytes: float = 0.0
+    accelerator_memory_used_bytes: float = 0.0
+    accelerator_memory_total_bytes: float = 0.0
     # False when the agent could not read the engine's /metrics: the zeros above are
     # then not "idle", and the router prefers any worker whose load it knows.
     known: bool = True
@@ -68,6 +83,9 @@ class WorkerRegistration(BaseModel):
     # Prompt plus output tokens the engine accepts (vLLM's --max-model-len).
     max_model_len: int | None = Field(default=None, ge=1)
     engine_pid: int | None = None
+    # What the worker runs on, for the cost model's $/hour: "cpu", or the accelerator's
+    # name ("nvidia-h100-80gb-hbm3"), lower case with dashes.
+    accelerator: str = Field(default="cpu", min_length=1, max_length=100)
 
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.

@@ -17,4 +17,5 @@ def sim_facts(profile: str) -> SimFacts:
         block_size_tokens=timing.block_size_tokens,
         kv_capacity_tokens=timing.kv_capacity_tokens,
         max_model_len=DEFAULT_MAX_MODEL_LEN,
+        accelerator=timing.accelerator,
     )

@@ -26,6 +26,7 @@ from router.pool_control import PoolController
 from router.prefix_tracking import PrefixTracker
 from router.prompt_blocks import BlockHashers
 from router.registry import WorkerRegistry
+from router.request_ids import RequestIds
 from router.routing_stats import RoutingStats
 from router.schedule import Scheduler
 from router.settings import RouterSettings
@@ -176,6 +177,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
             route.path, guarded(route), methods=[route.method], openapi_extra=openapi_extra(route)
         )
     _document_bodies(app)
+    app.add_middleware(RequestIds)
     return app
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 
 import uvicorn
 
+from contracts.logs import configure_logging
 from router.app import create_app
 from router.settings import RouterSettings, settings_table
 
@@ -22,10 +21,7 @@ def main(args: argparse.Namespace) -> int:
     if args.help_config:
         print(settings_table())
         return 0
-    logging.basicConfig(
-        level=os.environ.get("PDSERVE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s router %(message)s",
-    )
+    configure_logging("router")
     settings = RouterSettings.from_env(host=args.host, port=args.port)
     uvicorn.run(
         create_app(settings),

@@ -17,7 +17,10 @@ import asyncio
 
 import aiohttp
 
+from contracts.logs import REQUEST_ID_HEADER, request_id_var
+
 JSON_HEADERS = {"Content-Type": "application/json"}
+_ID = REQUEST_ID_HEADER  # vLLM names its request after it (cmpl-<id>), on both engines
 
 
 class EngineUnreachable(Exception):
@@ -69,11 +72,11 @@ class Upstream:
         self, url: str, body: bytes, timeout: aiohttp.ClientTimeout
     ) -> aiohttp.ClientResponse:
         """POST until the answer's headers arrive, resending once after a stale connection."""
+        request_id = request_id_var.get()
+        headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, _ID: request_id}
         for attempt in range(2):
             try:
-                return await self.session.post(
-                    url, data=body, headers=JSON_HEADERS, timeout=timeout
-                )
+                return await self.session.post(url, data=body, headers=headers, timeout=timeout)
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 if attempt == 0 and _stale_connection(error):
                     continue

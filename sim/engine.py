@@ -26,7 +26,7 @@ from sim.profile import TimingProfile
 
 @dataclass(slots=True, eq=False)
 class SimRequest:
-    request_id: str
+    request_id: str  # unique in this engine, like vLLM's internal id
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # decided up front: deterministic from (seed, prompt)
     hold_kv: bool = False  # producer: keep the blocks for a remote decode
@@ -37,6 +37,7 @@ class SimRequest:
     hashes: list[BlockHash] = field(default_factory=list)
     tokens: asyncio.Queue = field(default_factory=asyncio.Queue)  # int per token; None: end
     finish_reason: str | None = None
+    response_id: str = ""  # what the client sees: vLLM's cmpl-<X-Request-Id>
 
     @property
     def prefilled(self) -> bool:
@@ -60,6 +61,9 @@ class EngineStats:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # vLLM's external_prefix_cache_*: prompt tokens asked of the KV connector, and pulled.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     finished: Counter = field(default_factory=Counter)
     preemptions: int = 0
     steps: int = 0
@@ -192,6 +196,8 @@ class SimEngine:
             # the blocks a connector loads), so a later turn can hit it here.
             request.computed_tokens = prompt_len
             self.stats.prompt_tokens_by_source["external_kv_transfer"] += prompt_len
+            self.stats.external_prefix_cache_queries += prompt_len
+            self.stats.external_prefix_cache_hits += prompt_len
             self.pool.store(request.blocks, request.hashes, request.prompt_token_ids)
             return True
         # Like vLLM, the last prompt token is always recomputed to sample from.

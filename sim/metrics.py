@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -17,6 +17,9 @@ from sim.engine import SimEngine, SimRequest
 
 _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                       1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+# vLLM's NIXL buckets: transfer seconds, and 2 KiB to 8 GiB in powers of four.
+_TRANSFER_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+_TRANSFER_BUCKETS_BYTES = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 _SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 _REASONS = ("stop", "length", "abort", "error")
 
@@ -35,7 +38,19 @@ class SimMetrics:
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
         self.itl = histogram("vllm:inter_token_latency_seconds", "Inter-token latency")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency")
-        self.transfer = histogram("vllm:nixl_xfer_time_seconds", "Simulated KV transfer time")
+        self.transfer = Histogram(
+            "vllm:nixl_xfer_time_seconds", "Simulated KV transfer time", labels,
+            buckets=_TRANSFER_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.transfer_bytes = Histogram(
+            "vllm:nixl_bytes_transferred", "Simulated bytes per KV transfer", labels,
+            buckets=_TRANSFER_BUCKETS_BYTES, registry=self.registry,
+        )  # fmt: skip
+        self.failed_transfers = Counter(
+            "vllm:nixl_num_failed_transfers", "Failed simulated KV transfers", labels,
+            registry=self.registry,
+        )  # fmt: skip
+        self.failed_transfers.labels(*self._labels)  # exported at 0 before any failure
         self.registry.register(_EngineCollector(engine, self._labels))
 
     def render(self) -> bytes:
@@ -55,8 +70,12 @@ class SimMetrics:
             )
         self._last_token_s[request.request_id] = now
 
-    def on_transfer(self, seconds: float) -> None:
+    def on_transfer(self, seconds: float, num_bytes: int) -> None:
         self.transfer.labels(*self._labels).observe(seconds)
+        self.transfer_bytes.labels(*self._labels).observe(num_bytes)
+
+    def on_transfer_failed(self) -> None:
+        self.failed_transfers.labels(*self._labels).inc()
 
     def on_finished(self, request: SimRequest) -> None:
         arrived = self._arrived_s.pop(request.request_id, None)
@@ -95,6 +114,10 @@ class _EngineCollector(Collector):
         yield counter("vllm:prefix_cache_hits", "Prompt tokens found cached",
                       stats.prefix_cache_hits)  # fmt: skip
         yield counter("vllm:num_preemptions", "Requests preempted", stats.preemptions)
+        yield counter("vllm:external_prefix_cache_queries", "Prompt tokens asked of the KV "
+                      "connector", stats.external_prefix_cache_queries)  # fmt: skip
+        yield counter("vllm:external_prefix_cache_hits", "Prompt tokens pulled by the KV "
+                      "connector", stats.external_prefix_cache_hits)  # fmt: skip
         by_source = CounterMetricFamily(
             "vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from",
             labels=[*names, "source"],

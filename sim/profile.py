@@ -59,6 +59,8 @@ class TimingProfile:
     transfer_gbytes_per_s: float
     transfer_overhead_ms: float
     prefill_ms_per_kpair: float = 0.0
+    # The hardware modelled, as the cost model names worker kinds ("cpu", "nvidia-h100").
+    accelerator: str = "cpu"
     # Measured (prompt tokens, ms) points of one fresh prefill: tokens rising, ms not falling.
     prefill_ms_curve: tuple[tuple[int, float], ...] = ()
 

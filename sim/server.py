@@ -226,8 +226,13 @@ class SimServer:
         if max_tokens < 1:
             return _error(400, f"the prompt fills the {limit}-token context; no room for output")
         kv_params = body.get("kv_transfer_params") or {}
+        # Like vLLM: the response is named after X-Request-Id when sent, and the engine's
+        # own id adds a random suffix, so two requests under one X-Request-Id never collide.
+        prefix = "chatcmpl" if chat else "cmpl"
+        external = http.headers.get("X-Request-Id") or uuid.uuid4().hex
         request = SimRequest(
-            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            request_id=f"{prefix}-{external}-{uuid.uuid4().hex[:8]}",
+            response_id=f"{prefix}-{external}",
             prompt_token_ids=prompt_ids,
             output_token_ids=output_ids(
                 self.tokenizer, int(body.get("seed") or self.config.seed), prompt_ids, max_tokens
@@ -239,6 +244,7 @@ class SimServer:
         if kv_params.get("do_remote_prefill") and self.config.role == "kv_consumer":
             failure = await self._pull(kv_params, prompt_ids)
             if failure:
+                self.metrics.on_transfer_failed()
                 return _error(500, failure, "InternalServerError")
             request.kv_pulled = True
         await asyncio.sleep(self.config.profile.request_overhead_ms / 1000)
@@ -274,7 +280,9 @@ class SimServer:
             return "KV transfer failed: the producer's blocks are another prompt's"
         transfer_s = self.config.profile.transfer_s(len(prompt_ids))
         await asyncio.sleep(max(0.0, transfer_s - (time.monotonic() - started)))
-        self.metrics.on_transfer(transfer_s)
+        self.metrics.on_transfer(
+            transfer_s, len(prompt_ids) * self.config.profile.kv_bytes_per_token
+        )
         return None
 
     def handoff(self, request: SimRequest) -> dict[str, Any]:
@@ -373,7 +381,7 @@ def _envelope(
     # vLLM's names: chat chunks have their own object type; completion chunks do not.
     kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     return {
-        "id": request.request_id,
+        "id": request.response_id or request.request_id,
         "object": kind,
         "created": int(time.time()),
         "model": server.config.served_model_name,
