@@ -290,7 +290,7 @@ class Admission:
                 f"waited in the prefill queue past its {slo_s:.2f}s TTFT target",
                 wait_s=forecast.ttft_s,
             ) from None  # fmt: skip
-        self._metrics.queue_wait.labels(request.model).observe(self._clock() - entered_s)
+        self._metrics.stage.labels(request.model, "queue").observe(self._clock() - entered_s)
         return grant
 
     def _refused(

@@ -102,11 +102,12 @@ async def register_worker(request: Request) -> dict[str, Any]:
         parts.registry.register(registration, parts.clock())
     except RegistryFull as error:
         raise Overloaded(str(error), retry_after_s=parts.settings.server.retry_after_s) from None
-    parts.prefixes.on_registered(
-        registration,
-        new_incarnation=previous is None
-        or previous.registration.incarnation != registration.incarnation,
+    new_incarnation = (
+        previous is None or previous.registration.incarnation != registration.incarnation
     )
+    parts.prefixes.on_registered(registration, new_incarnation=new_incarnation)
+    if new_incarnation:
+        parts.accounting.registered(registration)
     await parts.sync.registered(registration)
     log.info("worker %s registered (%s)", registration.worker_id, registration.role.value)
     return {"registered": registration.worker_id}
@@ -117,6 +118,9 @@ async def heartbeat(request: Request) -> Response:
     beat = parsed(WorkerHeartbeat, await json_body(request, _ADMIN_BODY_BYTES))
     if not parts.registry.heartbeat(beat, parts.clock()):
         return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
+    worker = parts.registry.get(beat.worker_id)
+    if worker is not None:
+        parts.accounting.heartbeat(worker.registration, beat)
     await parts.sync.heartbeat(beat)
     reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id))
     return JSONResponse(reply.model_dump(mode="json"))

@@ -17,6 +17,7 @@ from router.admit import Admission
 from router.api import ROUTES
 from router.background import keep_running
 from router.errors import APIError
+from router.fleet_accounting import FleetAccounting
 from router.health import probe_engines_forever
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
@@ -37,6 +38,7 @@ from router.state_sync import StateSync
 from router.tenants import Tenants
 from router.ttft_predictor import TTFTPredictor
 from router.upstream import Upstream
+from router.windows import SlidingSums
 
 log = logging.getLogger("pdserve.router")
 
@@ -60,10 +62,12 @@ class RouterParts:
     pools: PoolController
     admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
     tenants: Tenants
+    accounting: FleetAccounting
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
         forget_worker(worker_id, prefixes=self.prefixes, load=self.load, stats=self.stats)
+        self.accounting.forget(worker_id)
 
 
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
@@ -81,9 +85,16 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     load = InFlightLoad()
     stats = RoutingStats(hotspot_window_requests=routing.hotspot_window_requests)
     prefixes = PrefixTracker(settings.index, clock=clock, on_event=stats.kv_event)
+    observe = settings.metrics
+    accounting = FleetAccounting(
+        observe.prices(), max_gap_s=health.heartbeat_timeout_s, clock=clock,
+        window=SlidingSums(window_s=observe.metrics_window_s, bucket_s=1.0, clock=clock),
+    )  # fmt: skip
     metrics = RouterMetrics(
-        registry=registry, load=load, index=prefixes.index, stats=stats, clock=clock
-    )
+        registry=registry, load=load, index=prefixes.index, stats=stats, accounting=accounting,
+        window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
+        clock=clock,
+    )  # fmt: skip
     admission_settings = settings.admission
     scheduler = Scheduler(
         routing, load=load, prefixes=prefixes, stats=stats,
@@ -109,7 +120,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
-        admin_tokens=_admin_tokens(settings), tenants=_tenants(settings),
+        admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
     )  # fmt: skip
 
 

@@ -77,23 +77,25 @@ def _prompts(prompt: Any) -> list[Any]:
     return [prompt]
 
 
-Serve = Callable[[dict[str, Any]], Awaitable[Response]]
+Serve = Callable[[dict[str, Any], bool], Awaitable[Response]]  # (body, counts_prompt)
 
 
 async def serve_choices(
     choices: Sequence[Choice], serve: Serve, *, stream: bool, include_usage: bool
 ) -> Response:
     if len(choices) == 1:
-        return await serve(choices[0].body)
+        return await serve(choices[0].body, True)
     if not stream:
-        responses = await _all_or_nothing([serve(c.body) for c in choices])
+        responses = await _all_or_nothing([serve(c.body, c.counts_prompt) for c in choices])
         return _merged_whole([json.loads(bytes(r.body)) for r in responses], choices)
     bodies = [
         {**c.body, "stream_options": {**(c.body.get("stream_options") or {}),
                                       "include_usage": True}}
         for c in choices
     ]  # fmt: skip
-    responses = await _all_or_nothing([serve(b) for b in bodies])
+    responses = await _all_or_nothing(
+        [serve(b, c.counts_prompt) for b, c in zip(bodies, choices, strict=True)]
+    )
     streams = [r.body_iterator for r in responses if isinstance(r, StreamingResponse)]
     merged = _merged_stream(streams, choices, include_usage)
     return StreamingResponse(merged, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -43,6 +43,7 @@ from router.scheduling_plugins import Decision
 from router.settings import RouterSettings
 from router.ttft_predictor import TTFTPredictor
 from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+from router.usage import usage_in_answer, with_usage_requested
 
 _ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
 
@@ -173,7 +174,7 @@ class Orchestrator:
                 failures.append(self._triage(worker, error))
                 continue
             seconds = handoff.issued_at_s - started_s
-            self._metrics.prefill_latency.labels(request.model).observe(seconds)
+            self._metrics.stage.labels(request.model, "prefill").observe(seconds)
             self._predictor.observe_prefill(
                 worker.worker_id, queued, decision.uncached_tokens, seconds
             )
@@ -243,7 +244,9 @@ class Orchestrator:
         prefilled: Callable[[], None],
     ) -> Response:
         worker = decision.worker
-        body = request.body
+        body, client_wants_usage = request.body, True
+        if request.stream:  # the token counters need usage; the client gets it only if asked
+            body, client_wants_usage = with_usage_requested(body)
         if handoff is not None:
             body = {**body, "kv_transfer_params": handoff.to_decode_params()}
         payload = json.dumps(body).encode()
@@ -262,9 +265,9 @@ class Orchestrator:
             if handoff is None:
                 self._predictor.observe_prefill(worker.worker_id, queued, own, at_s - started_s)
             else:
-                self._predictor.observe_handoff(
-                    worker.worker_id, requests_there, at_s - handoff.issued_at_s
-                )
+                handoff_s = at_s - handoff.issued_at_s
+                self._predictor.observe_handoff(worker.worker_id, requests_there, handoff_s)
+                self._metrics.stage.labels(request.model, "kv_handoff").observe(handoff_s)
             if request.predicted_ttft_s is not None:
                 error_s = abs(at_s - request.arrived_s - request.predicted_ttft_s)
                 self._metrics.ttft_prediction_error.labels(request.model).observe(error_s)
@@ -273,7 +276,10 @@ class Orchestrator:
             with ticket:
                 return await self._complete(request, worker, payload, mode)
         try:
-            return await self._stream(request, worker, payload, mode, handoff, ticket, first_byte)
+            return await self._stream(
+                request, worker, payload, mode, handoff, ticket, first_byte,
+                strip_usage=not client_wants_usage,
+            )  # fmt: skip
         except BaseException:
             ticket.end()
             raise
@@ -299,8 +305,14 @@ class Orchestrator:
             timeout_s=self._timeouts.first_token_timeout_s,
         )  # fmt: skip
         elapsed_s = self._clock() - request.arrived_s
-        self._metrics.ttft.labels(request.model, mode).observe(elapsed_s)
-        self._metrics.e2e.labels(request.model, mode).observe(elapsed_s)
+        metrics, tenant_class = self._metrics, request.tenant_class
+        metrics.observe_ttft(request.model, mode, tenant_class, elapsed_s)
+        metrics.e2e.labels(request.model, mode, tenant_class).observe(elapsed_s)
+        usage = usage_in_answer(payload)
+        if usage is not None:
+            metrics.observe_usage(
+                request.model, tenant_class, usage, counts_prompt=request.counts_prompt
+            )
         return Response(content=payload, media_type="application/json")
 
     async def _stream(
@@ -312,6 +324,8 @@ class Orchestrator:
         handoff: KVHandoff | None,
         ticket: Ticket,
         first_byte: Callable[[float], None],
+        *,
+        strip_usage: bool,
     ) -> StreamingResponse:
         first_byte_timeout_s = self._timeouts.first_token_timeout_s
         if handoff is not None and self._leases.kv_lease_guard:
@@ -331,19 +345,35 @@ class Orchestrator:
 
         def on_end(stats: StreamStats) -> None:
             ticket.end()
-            if stats.first_byte_s is not None:
-                metrics.ttft.labels(model, mode).observe(stats.first_byte_s - request.arrived_s)
-            metrics.e2e.labels(model, mode).observe(self._clock() - request.arrived_s)
-            metrics.output_chunks.labels(model).inc(stats.events)
+            self._streamed(request, mode, stats)
             if stats.failure:
-                metrics.stream_errors.labels(model).inc()
                 self._worker_failed(worker, "stream_broken")
 
         stream = relay_sse(
             response, first, stats=StreamStats(started_s=request.arrived_s),
             on_gap=metrics.itl.labels(model).observe, on_end=on_end, clock=self._clock,
+            strip_usage=strip_usage,
         )  # fmt: skip
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _streamed(self, request: PreparedRequest, mode: str, stats: StreamStats) -> None:
+        """A stream ended: its latencies, and its tokens when the engine reported usage."""
+        metrics, model, tenant_class = self._metrics, request.model, request.tenant_class
+        ended_s = self._clock()
+        metrics.e2e.labels(model, mode, tenant_class).observe(ended_s - request.arrived_s)
+        metrics.output_chunks.labels(model).inc(stats.events)
+        if stats.failure:
+            metrics.stream_errors.labels(model).inc()
+        if stats.first_byte_s is None:
+            return
+        metrics.observe_ttft(model, mode, tenant_class, stats.first_byte_s - request.arrived_s)
+        metrics.stage.labels(model, "decode").observe(ended_s - stats.first_byte_s)
+        if stats.usage is None:
+            return
+        metrics.observe_usage(model, tenant_class, stats.usage, counts_prompt=request.counts_prompt)
+        if stats.usage.completion_tokens > 1:
+            tpot_s = (ended_s - stats.first_byte_s) / (stats.usage.completion_tokens - 1)
+            metrics.tpot.labels(model).observe(tpot_s)
 
     def _worker_failed(self, worker: WorkerState, kind: str) -> None:
         self._metrics.upstream_failures.labels(worker.role.value, kind).inc()

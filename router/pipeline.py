@@ -55,7 +55,10 @@ class RequestPipeline:
             return await self.serve_one(request)
         include_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
         return await serve_choices(
-            choices, lambda body: self.serve_one(dataclasses.replace(request, body=body)),
+            choices,
+            lambda body, counts_prompt: self.serve_one(
+                dataclasses.replace(request, body=body, counts_prompt=counts_prompt)
+            ),
             stream=request.stream, include_usage=include_usage,
         )  # fmt: skip
 

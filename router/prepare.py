@@ -22,7 +22,7 @@ from router.errors import InvalidRequest, NotFound
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import WorkerState
 from router.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, validate
-from router.tenants import ANONYMOUS, Tenant, TenantPolicy
+from router.tenants import ANONYMOUS, PRIORITIES, Tenant, TenantPolicy
 
 
 class Endpoint(enum.Enum):
@@ -60,6 +60,12 @@ class PreparedRequest:
     # of the context), and its predicted TTFT.
     max_output_tokens: int = 0
     predicted_ttft_s: float | None = None
+    # False for a fan-out's later samples of one prompt: usage counts that prompt once.
+    counts_prompt: bool = True
+
+    @property
+    def tenant_class(self) -> str:
+        return PRIORITIES[self.priority]
 
     @property
     def path(self) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from router.errors import UpstreamFailed, UpstreamTimeout, sse_error_event
+from router.usage import Usage, usage_in_events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]"
@@ -32,6 +33,7 @@ class StreamStats:
     events: int = 0
     completed: bool = False
     failure: str | None = None
+    usage: Usage | None = None  # the engine's, from its usage chunk
 
 
 async def relay_sse(
@@ -42,7 +44,9 @@ async def relay_sse(
     on_gap: Callable[[float], None],
     on_end: Callable[[StreamStats], None],
     clock: Callable[[], float] = time.monotonic,
+    strip_usage: bool = False,
 ) -> AsyncIterator[bytes]:
+    """``strip_usage``: the usage chunk was asked for by the router, not the client."""
     pending = b""
     last_s = clock()
     chunk = first_chunk
@@ -58,6 +62,9 @@ async def relay_sse(
                 else:
                     on_gap(now - last_s)
                 last_s = now
+                usage, ready = usage_in_events(ready, strip=strip_usage)
+                if usage is not None:
+                    stats.usage = usage
                 stats.events += ready.count(b"data: ")
                 if _DONE in ready:
                     stats.completed = True

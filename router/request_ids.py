@@ -9,11 +9,19 @@ the app in another task and buffers, which costs CPU on every request and every 
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from contracts.logs import REQUEST_ID_HEADER, request_id_from, request_id_var
 
 _HEADER = REQUEST_ID_HEADER.lower().encode()
+
+# ASGI's types, spelled out (Starlette's aliases are the same).
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class RequestIds:

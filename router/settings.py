@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from router.cost import parse_prices
 from router.scheduling_plugins import DECIDERS, POLICIES, parse_weights
 from router.tenants import TenantPolicy, parse_tenants
 
@@ -487,6 +488,36 @@ class AdmissionSettings(_Group):
         return self
 
 
+class MetricsSettings(_Group):
+    """Observability: the window behind the rate and cost gauges, and the cost model."""
+
+    metrics_window_s: float = Field(
+        60.0, ge=1, le=3600,
+        description="Window of the tokens/s and $/1M-token gauges and of `pdserve status`'s "
+        "TTFT percentiles. Prometheus can compute any other window from the counters.",
+    )  # fmt: skip
+    recent_ttft_samples: int = Field(
+        4096, ge=16, le=1_000_000,
+        description="Most TTFT samples kept per model for the status view's p50/p99 (the "
+        "newest win).",
+    )  # fmt: skip
+    worker_cost_usd_per_hour: str = Field(
+        '{"default": 0.10}',
+        description="The cost model: JSON of worker kind -> $/hour. Kinds are what agents "
+        'report: "cpu", or the accelerator\'s name ("nvidia-h100-80gb-hbm3"); sims report '
+        'their profile\'s. "default" prices any kind not listed. Worker-seconds count while '
+        "a worker is registered, ready or not.",
+    )  # fmt: skip
+
+    def prices(self) -> dict[str, float]:
+        return parse_prices(self.worker_cost_usd_per_hour)
+
+    @model_validator(mode="after")
+    def _check_prices(self) -> MetricsSettings:
+        self.prices()
+        return self
+
+
 class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
@@ -498,6 +529,7 @@ class RouterSettings(BaseModel):
     index: IndexSettings = Field(default_factory=IndexSettings)
     control: ControlSettings = Field(default_factory=ControlSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @model_validator(mode="before")
     @classmethod

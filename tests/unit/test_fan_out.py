@@ -59,7 +59,7 @@ async def test_whole_answers_merge_with_indexes_and_usage_as_vllm_counts_it():
     choices = split_choices({"prompt": ["ab", "c"], "n": 2}, chat=False, max_choices=16)
     served = iter([whole("w", 2, 3), whole("x", 2, 3), whole("y", 1, 4), whole("z", 1, 4)])
 
-    async def serve(body):
+    async def serve(body, counts_prompt):
         return next(served)
 
     merged = json.loads((await serve_choices(choices, serve, stream=False,
@@ -91,7 +91,7 @@ async def test_streams_interleave_under_one_id_with_one_usage_chunk_and_one_done
     choices = split_choices({"prompt": ["p", "q"]}, chat=False, max_choices=16)
     streams = iter([stream_of("abc", closed), stream_of("de", closed)])
 
-    async def serve(body):
+    async def serve(body, counts_prompt):
         assert body["stream_options"]["include_usage"] is True
         return next(streams)
 
@@ -125,7 +125,7 @@ async def test_an_error_event_ends_the_merged_stream_and_closes_every_call():
     choices = split_choices({"prompt": "p", "n": 2}, chat=False, max_choices=16)
     streams = iter([failing(), stream_of("abcdef", closed)])
 
-    async def serve(body):
+    async def serve(body, counts_prompt):
         return next(streams)
 
     response = await serve_choices(choices, serve, stream=True, include_usage=False)
