@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    url, token = _endpoint(args)
-    call = _Caller(url, token)
+    url, token = endpoint(args)
+    call = Caller(url, token)
     if args.action == "pools":
         _print_pools(call("GET", "/admin/v1/pools"))
     elif args.action == "ratio":
@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Caller:
+class Caller:
     def __init__(self, url: str, token: str) -> None:
         self._url, self._token = url.rstrip("/"), token
 
@@ -74,7 +74,7 @@ class _Caller:
             raise SystemExit(f"router unreachable at {self._url}: {error}") from None
 
 
-def _endpoint(args: argparse.Namespace) -> tuple[str, str]:
+def endpoint(args: argparse.Namespace) -> tuple[str, str]:
     url, token = args.router_url, args.token
     if url and token:
         return url, token
@@ -100,7 +100,7 @@ def _print_pools(pools: dict[str, Any]) -> None:
                   f"{w['kv_cache_usage_perc']:>7.0%}")  # fmt: skip
 
 
-def _change_ratio(call: _Caller, args: argparse.Namespace) -> int:
+def _change_ratio(call: Caller, args: argparse.Namespace) -> int:
     started = time.monotonic()
     answer = call("PUT", f"/admin/v1/pools/{args.model}",
                   {"prefill": args.prefill, "decode": args.decode})  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -21,6 +22,7 @@ from router.errors import InvalidRequest, NoCapacity, NotFound
 from router.http_io import json_body
 from router.pool_control import PD_ROLES
 from router.state.base import AuditEntry, StateUnavailable
+from router.status import read_status
 
 log = logging.getLogger("pdserve.router")
 
@@ -179,6 +181,17 @@ async def _audit(request: Request, action: str, target: str) -> None:
         )  # fmt: skip
 
 
+async def scrape_targets(request: Request) -> list[dict[str, Any]]:
+    """Prometheus HTTP service discovery: every registered worker's engine /metrics."""
+    return [
+        {
+            "targets": [urlsplit(w.engine_url).netloc],
+            "labels": {"worker": w.worker_id, "role": w.role.value, "model": w.registration.model},
+        }
+        for w in parts_of(request).registry.workers()
+    ]
+
+
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/v1/pools", list_pools, Access.VIEWER),
     Route("PUT", "/admin/v1/pools/{model}", change_pool, Access.OPERATOR, body=PoolChange),
@@ -187,4 +200,6 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/admin/v1/workers/{worker_id}/undrain", undrain_worker, Access.OPERATOR),
     Route("DELETE", "/admin/v1/workers/{worker_id}", delete_worker, Access.OPERATOR),
     Route("GET", "/admin/v1/audit", read_audit, Access.VIEWER),
+    Route("GET", "/admin/v1/status", read_status, Access.VIEWER),
+    Route("GET", "/admin/v1/scrape_targets", scrape_targets, Access.VIEWER),
 )

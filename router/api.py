@@ -27,6 +27,11 @@ from router.schemas import ChatCompletionRequest, CompletionRequest
 log = logging.getLogger("pdserve.router")
 
 _ADMIN_BODY_BYTES = 64 * 1024  # registrations and heartbeats are small
+# 400s from a size limit: counted apart, so a spike of context-length abuse can alert.
+LIMIT_CODES = frozenset({
+    "context_length_exceeded", "model_prompt_limit", "tenant_prompt_limit",
+    "model_output_limit", "tenant_output_limit", "too_many_messages", "message_too_long",
+})  # fmt: skip
 
 
 # -- generation -----------------------------------------------------------------
@@ -52,6 +57,8 @@ async def generate(request: Request, endpoint: Endpoint) -> Response:
         response = await unless_disconnected(request, parts.pipeline.serve(prepared))
     except APIError as error:
         counted.labels(prepared.requested_model, endpoint.value, str(error.status)).inc()
+        if error.code in LIMIT_CODES:
+            parts.metrics.limit_rejections.labels(prepared.requested_model, error.code).inc()
         raise
     counted.labels(prepared.requested_model, endpoint.value, str(response.status_code)).inc()
     return response

@@ -63,6 +63,7 @@ class RouterParts:
     admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
     tenants: Tenants
     accounting: FleetAccounting
+    admission: Admission
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
@@ -116,11 +117,13 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
     )  # fmt: skip
     metrics.watch_admission(admission.queues)
+    metrics.watch_state(lambda: sync.backend_up)
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
         admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
+        admission=admission,
     )  # fmt: skip
 
 

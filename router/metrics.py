@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -91,6 +91,16 @@ class RouterMetrics:
     def watch_admission(self, queues: Callable[[], Mapping[str, PrefillQueue]]) -> None:
         """Export each model's prefill queue at scrape time."""
         self.prometheus.register(_QueueCollector(queues))
+
+    def watch_state(self, up: Callable[[], bool]) -> None:
+        """Export whether the shared state backend answers (the memory one always does)."""
+        gauge = Gauge(
+            "pdserve_state_backend_up",
+            "1 while the control state backend answers; 0 while the router serves on its "
+            "last view (Redis down)",
+            registry=self.prometheus,
+        )
+        gauge.set_function(lambda: 1.0 if up() else 0.0)
 
     def _declare_latencies(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
@@ -171,6 +181,14 @@ class RouterMetrics:
         )
         self.stream_errors = Counter(
             "pdserve_stream_errors", "Streams ended by an SSE error event", ["model"], registry=r
+        )
+        self.limit_rejections = Counter(
+            "pdserve_limit_rejections",
+            "Requests refused (400) by a size limit, by code: context_length_exceeded, "
+            "model_/tenant_prompt_limit, model_/tenant_output_limit, too_many_messages, "
+            "message_too_long",
+            ["model", "reason"],
+            registry=r,
         )
         self.routing_decisions = Counter(
             "pdserve_routing_decisions",
@@ -484,17 +502,26 @@ class _FleetCollector(Collector):
             "million tokens answered in that direction",
             labels=["model", "pool", "direction"],
         )
-        tokens = {key: self._tokens.total(key) for key in self._tokens.window_keys()}
-        for (model, direction), count in tokens.items():
+        for model, direction in self._tokens.window_keys():
+            count = self._tokens.total((model, direction))
             rate.add_metric([model, direction], count / span_s)
-        pools = self._accounting.pools()
-        for model in sorted({k.model for k in pools}):
-            costs = {k.pool: self._accounting.window_cost_usd(k) for k in pools if k.model == model}
-            costs["all"] = sum(costs.values())
-            for direction in DIRECTIONS:
-                count = tokens.get((model, direction), 0.0)
-                if count <= 0:
-                    continue
-                for pool, usd in costs.items():
-                    per_million.add_metric([model, pool, direction], usd / count * 1e6)
+        for model in sorted({k.model for k in self._accounting.pools()}):
+            prices = usd_per_million_tokens(self._accounting, self._tokens, model)
+            for (pool, direction), usd in prices.items():
+                per_million.add_metric([model, pool, direction], usd)
         yield from (rate, per_million)
+
+
+def usd_per_million_tokens(
+    accounting: FleetAccounting, tokens: SlidingSums, model: str
+) -> dict[tuple[str, str], float]:
+    """(pool, direction) -> the pool's cost per million tokens answered in that direction,
+    over the window; pool "all" is every pool of the model. No tokens: no figure."""
+    costs = {k.pool: accounting.window_cost_usd(k) for k in accounting.pools() if k.model == model}
+    costs["all"] = sum(costs.values())
+    prices = {}
+    for direction in DIRECTIONS:
+        count = tokens.total((model, direction))
+        if count > 0:
+            prices.update({(pool, direction): usd / count * 1e6 for pool, usd in costs.items()})
+    return prices

@@ -23,6 +23,7 @@ Failure rules (``_triage`` applies them to every attempt of either phase):
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -44,6 +45,8 @@ from router.settings import RouterSettings
 from router.ttft_predictor import TTFTPredictor
 from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
 from router.usage import usage_in_answer, with_usage_requested
+
+log = logging.getLogger("pdserve.router")
 
 _ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
 
@@ -285,7 +288,9 @@ class Orchestrator:
             raise
 
     def _triage(self, worker: WorkerState, error: Exception) -> str:
-        """Count a failed attempt and say what happened; an engine 4xx is re-raised."""
+        """Count and log a failed attempt and say what happened; an engine 4xx is re-raised."""
+        if not (isinstance(error, EngineHTTPError) and error.status < 500):
+            log.warning("%s %s attempt failed: %s", worker.worker_id, worker.role.value, error)
         if isinstance(error, EngineUnreachable):
             self._worker_failed(worker, "unreachable")
             return f"{worker.worker_id}: unreachable ({error})"

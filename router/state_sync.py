@@ -166,6 +166,10 @@ class StateSync:
         worker_id = record["registration"]["worker_id"]
         await self._guarded(self._state.put_worker(worker_id, record, ttl_s=self._ttl_s))
 
+    @property
+    def backend_up(self) -> bool:
+        return not self._backend_down
+
     async def _guarded(self, write: Any) -> None:
         try:
             await write

@@ -1,0 +1,43 @@
+"""What ``GET /admin/v1/status`` answers and ``pdserve status`` draws: the factory at a
+glance, per model. Rates and percentiles cover the router's ``metrics_window_s``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class WorkerStatus(_Frozen):
+    worker_id: str
+    role: str
+    state: str  # starting, ready, draining, re-roling, down
+    kind: str  # the cost model's worker kind
+    inflight_requests: int
+    engine_running: float
+    engine_waiting: float
+    kv_cache_usage_perc: float
+    engine_memory_bytes: float
+
+
+class ModelStatus(_Frozen):
+    model: str
+    workers_by_role: dict[str, int]
+    queue_waiting_requests: int  # in the router's admission queue
+    queued_prefill_tokens: int  # sent to prefill, not yet prefilled
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    ttft_samples: int
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    usd_per_million_input_tokens: float | None  # every pool of the model
+    usd_per_million_output_tokens: float | None
+    workers: list[WorkerStatus]
+
+
+class StatusSnapshot(_Frozen):
+    window_s: float
+    taken_at_unix_s: float
+    models: list[ModelStatus]

@@ -1,0 +1,76 @@
+"""``GET /admin/v1/status``: the snapshot ``pdserve status`` draws (``contracts.status``).
+
+Read-only and built from what the router already holds: the registry, its in-flight
+load, admission's queues, the recent TTFT samples and the windowed token and cost sums.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
+from contracts.workers import WorkerRole
+from router.access import parts_of
+from router.metrics import usd_per_million_tokens
+from router.registry import WorkerState
+
+if TYPE_CHECKING:
+    from router.app import RouterParts
+
+
+def snapshot(request: Request) -> StatusSnapshot:
+    parts = parts_of(request)
+    now = parts.clock()
+    models = [_model_status(parts, model, now) for model in sorted(parts.registry.models())]
+    return StatusSnapshot(
+        window_s=parts.metrics.tokens_window.window_s,
+        taken_at_unix_s=parts.wall_clock(),
+        models=models,
+    )
+
+
+def _model_status(parts: RouterParts, model: str, now: float) -> ModelStatus:
+    metrics = parts.metrics
+    workers = sorted(
+        (w for w in parts.registry.workers() if w.registration.model == model),
+        key=lambda w: (w.role.value, w.worker_id),
+    )
+    by_role = {role.value: sum(1 for w in workers if w.role is role) for role in WorkerRole}
+    ttft = metrics.recent_ttft.quantiles(model, (0.5, 0.99))
+    prices = usd_per_million_tokens(parts.accounting, metrics.tokens_window, model)
+    queue = parts.admission.queues().get(model)
+    return ModelStatus(
+        model=model,
+        workers_by_role={role: count for role, count in by_role.items() if count},
+        queue_waiting_requests=queue.waiting if queue is not None else 0,
+        queued_prefill_tokens=sum(parts.load.of(w.worker_id).tokens for w in workers),
+        ttft_p50_s=ttft[0] if ttft else None,
+        ttft_p99_s=ttft[1] if ttft else None,
+        ttft_samples=metrics.recent_ttft.count(model),
+        input_tokens_per_s=metrics.tokens_per_s(model, "input"),
+        output_tokens_per_s=metrics.tokens_per_s(model, "output"),
+        usd_per_million_input_tokens=prices.get(("all", "input")),
+        usd_per_million_output_tokens=prices.get(("all", "output")),
+        workers=[_worker_status(parts, w, now) for w in workers],
+    )
+
+
+def _worker_status(parts: RouterParts, worker: WorkerState, now: float) -> WorkerStatus:
+    inflight = parts.load.of(worker.worker_id)
+    return WorkerStatus(
+        worker_id=worker.worker_id,
+        role=worker.role.value,
+        state=parts.pools.worker_state(worker, now),
+        kind=worker.registration.accelerator,
+        inflight_requests=inflight.requests,
+        engine_running=worker.load.num_requests_running,
+        engine_waiting=worker.load.num_requests_waiting,
+        kv_cache_usage_perc=worker.load.kv_cache_usage_perc,
+        engine_memory_bytes=worker.load.engine_memory_bytes,
+    )
+
+
+async def read_status(request: Request) -> dict[str, Any]:
+    return snapshot(request).model_dump(mode="json")

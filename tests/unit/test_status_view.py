@@ -1,0 +1,95 @@
+"""``pdserve status`` draws a fixed snapshot exactly as the golden file shows it.
+
+Regenerate after a deliberate change of the view: ``PDSERVE_UPDATE_GOLDEN=1 pytest`` this
+file, then read the diff of ``tests/data/status_view.txt``."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from cli.status import render
+from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
+
+GOLDEN = Path(__file__).parents[1] / "data" / "status_view.txt"
+
+
+def worker(worker_id: str, role: str, state: str = "ready", **load: float) -> WorkerStatus:
+    defaults = dict(inflight_requests=0, engine_running=0.0, engine_waiting=0.0,
+                    kv_cache_usage_perc=0.0, engine_memory_bytes=3 * 2**30)  # fmt: skip
+    return WorkerStatus(worker_id=worker_id, role=role, state=state, kind="cpu",
+                        **{**defaults, **load})  # fmt: skip
+
+
+SNAPSHOT = StatusSnapshot(
+    window_s=60,
+    taken_at_unix_s=1_796_000_000,
+    models=[
+        ModelStatus(
+            model="smollm2",
+            workers_by_role={"prefill": 2, "decode": 1},
+            queue_waiting_requests=3,
+            queued_prefill_tokens=4096,
+            ttft_p50_s=0.412,
+            ttft_p99_s=1.87,
+            ttft_samples=512,
+            input_tokens_per_s=12345.6,
+            output_tokens_per_s=987.65,
+            usd_per_million_input_tokens=0.0123,
+            usd_per_million_output_tokens=0.2469,
+            workers=[
+                worker(
+                    "decode-0",
+                    "decode",
+                    inflight_requests=7,
+                    engine_running=7,
+                    kv_cache_usage_perc=0.62,
+                ),
+                worker(
+                    "prefill-0",
+                    "prefill",
+                    inflight_requests=2,
+                    engine_running=1,
+                    engine_waiting=1,
+                    kv_cache_usage_perc=0.1,
+                ),
+                worker("prefill-1", "prefill", state="starting", engine_memory_bytes=0),
+            ],
+        ),
+        ModelStatus(
+            model="idle-model",
+            workers_by_role={"colocated": 1},
+            queue_waiting_requests=0,
+            queued_prefill_tokens=0,
+            ttft_p50_s=None,
+            ttft_p99_s=None,
+            ttft_samples=0,
+            input_tokens_per_s=0,
+            output_tokens_per_s=0,
+            usd_per_million_input_tokens=None,
+            usd_per_million_output_tokens=None,
+            workers=[worker("colocated-0", "colocated")],
+        ),
+    ],
+)
+
+
+def drawn(snapshot: StatusSnapshot) -> str:
+    out = io.StringIO()
+    Console(file=out, width=110, color_system=None, force_terminal=False).print(render(snapshot))
+    return out.getvalue()
+
+
+def test_status_view_matches_the_golden_rendering():
+    text = drawn(SNAPSHOT)
+    if os.environ.get("PDSERVE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_status_view_says_so_when_nothing_is_registered():
+    empty = StatusSnapshot(window_s=60, taken_at_unix_s=0, models=[])
+    assert "no workers registered" in drawn(empty)
