@@ -127,8 +127,9 @@ class RouterMetrics:
         self.stage = Histogram(
             "pdserve_request_stage_seconds",
             "Time in each stage: queue (admission's prefill queue), prefill (the prefill "
-            "call), kv_handoff (handoff issued to the decode's first byte: the KV pull and "
-            "the first step), decode (first byte to last, streamed)",
+            "call), kv_handoff (streams: handoff issued to the decode's first byte, i.e. the "
+            "KV pull and the first step), decode (streams: first byte to last; whole answers: "
+            "the decode call, KV pull included)",
             ["model", "stage"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,

@@ -305,10 +305,12 @@ class Orchestrator:
     async def _complete(
         self, request: PreparedRequest, worker: WorkerState, body: bytes, mode: str
     ) -> Response:
+        called_s = self._clock()
         payload = await self._upstream.post_json(
             worker.engine_url + request.path, body,
             timeout_s=self._timeouts.first_token_timeout_s,
         )  # fmt: skip
+        self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
         elapsed_s = self._clock() - request.arrived_s
         metrics, tenant_class = self._metrics, request.tenant_class
         metrics.observe_ttft(request.model, mode, tenant_class, elapsed_s)
