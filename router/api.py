@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
 from router import admin_api
@@ -94,8 +94,7 @@ async def health(request: Request) -> dict[str, str]:
 
 
 async def prometheus_metrics(request: Request) -> Response:
-    registry = parts_of(request).metrics.prometheus
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(parts_of(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- workers (agents register and heartbeat here) -------------------------------

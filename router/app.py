@@ -20,6 +20,12 @@ from router.errors import APIError
 from router.fleet_accounting import FleetAccounting
 from router.health import probe_engines_forever
 from router.load import InFlightLoad
+from router.metric_views import (
+    SharedStateCollector,
+    WorkerCollector,
+    derived,
+    process_gauge_publisher,
+)
 from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
 from router.pipeline import RequestPipeline
@@ -69,6 +75,7 @@ class RouterParts:
     def forget_worker(self, worker_id: str) -> None:
         forget_worker(worker_id, prefixes=self.prefixes, load=self.load, stats=self.stats)
         self.accounting.forget(worker_id)
+        self.metrics.forget_worker(worker_id)
 
 
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
@@ -84,17 +91,18 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         keepalive_s=settings.upstream.upstream_keepalive_s,
     )
     load = InFlightLoad()
-    stats = RoutingStats(hotspot_window_requests=routing.hotspot_window_requests)
-    prefixes = PrefixTracker(settings.index, clock=clock, on_event=stats.kv_event)
     observe = settings.metrics
-    accounting = FleetAccounting(
-        observe.prices(), max_gap_s=health.heartbeat_timeout_s, clock=clock,
-        window=SlidingSums(window_s=observe.metrics_window_s, bucket_s=1.0, clock=clock),
-    )  # fmt: skip
     metrics = RouterMetrics(
-        registry=registry, load=load, index=prefixes.index, stats=stats, accounting=accounting,
         window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
         clock=clock,
+    )  # fmt: skip
+    stats = RoutingStats(
+        hotspot_window_requests=routing.hotspot_window_requests, on_routed=metrics.count_routed
+    )
+    prefixes = PrefixTracker(settings.index, clock=clock, on_event=stats.kv_event)
+    accounting = FleetAccounting(
+        observe.prices(), max_gap_s=health.heartbeat_timeout_s, clock=clock, sink=metrics,
+        window=SlidingSums(window_s=observe.metrics_window_s, bucket_s=1.0, clock=clock),
     )  # fmt: skip
     admission_settings = settings.admission
     scheduler = Scheduler(
@@ -116,8 +124,13 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
     )  # fmt: skip
-    metrics.watch_admission(admission.queues)
-    metrics.watch_state(lambda: sync.backend_up)
+    metrics.share(WorkerCollector(registry, clock))
+    metrics.share(SharedStateCollector(registry, prefixes.index, stats))
+    metrics.on_publish(process_gauge_publisher(
+        metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
+        accounting=accounting, backend_up=lambda: sync.backend_up,
+    ))  # fmt: skip
+    metrics.derive_with(derived)
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,

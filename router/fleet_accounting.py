@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration
 from router.cost import usd_per_hour
@@ -46,6 +47,22 @@ class PoolKey:
     pool: str  # the worker's role: prefill, decode or colocated
 
 
+class FleetSink(Protocol):
+    """Where the growth goes as it is found (the metrics' counters)."""
+
+    def count_worker_time(self, key: PoolKey, kind: str, seconds: float, usd: float) -> None: ...
+
+    def count_engine(self, key: PoolKey, field: str, delta: float) -> None: ...
+
+
+class _NoSink:
+    def count_worker_time(self, key: PoolKey, kind: str, seconds: float, usd: float) -> None:
+        pass
+
+    def count_engine(self, key: PoolKey, field: str, delta: float) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class _Seen:
     incarnation: int
@@ -61,8 +78,10 @@ class FleetAccounting:
         max_gap_s: float,
         window: SlidingSums,
         clock: Callable[[], float],
+        sink: FleetSink | None = None,
     ) -> None:
         self._prices = prices
+        self._sink = sink or _NoSink()
         self._max_gap_s = max_gap_s
         self._window = window  # cost in $ per PoolKey over the metrics window
         self._clock = clock
@@ -97,13 +116,17 @@ class FleetAccounting:
         self.worker_seconds[key, registration.accelerator] += seconds
         self.cost_usd[key] += usd
         self._window.add(key, usd)
+        self._sink.count_worker_time(key, registration.accelerator, seconds, usd)
         if not counted:
             return
         same_engine = seen.incarnation == registration.incarnation
         counters = self.engine[key]
         for name in ENGINE_COUNTERS:
             new, old = getattr(beat.load, name), getattr(seen.load, name)
-            counters[name] += new - old if same_engine and new >= old else new
+            delta = new - old if same_engine and new >= old else new
+            if delta:
+                counters[name] += delta
+                self._sink.count_engine(key, name, delta)
 
     def forget(self, worker_id: str) -> None:
         self._seen.pop(worker_id, None)

@@ -117,7 +117,9 @@ class Scheduler:
     def place(self, blocks: PromptBlocks, decision: Decision) -> None:
         """The chosen worker is about to compute or receive these blocks."""
         worker_id = decision.worker.worker_id
-        self._stats.routed(worker_id, blocks.token_count, decision.uncached_tokens)
+        self._stats.routed(
+            worker_id, decision.worker.role, blocks.token_count, decision.uncached_tokens
+        )
         self._prefixes.record(worker_id, blocks)
 
     def prefill_on_decode(self, decode: Decision) -> bool:

@@ -63,6 +63,13 @@ class ServerSettings(_Group):
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
     )
+    router_processes: int = Field(
+        1, ge=1, le=64,
+        description="Router processes sharing the port (the kernel spreads connections), for "
+        "when one core is not enough. Above 1 needs `state_url` (Redis): the processes share "
+        "workers, pools and rate limits through it, as replicas do; metrics add up over them "
+        "(prometheus-client's multiprocess mode).",
+    )  # fmt: skip
 
 
 class UpstreamSettings(_Group):

@@ -13,7 +13,7 @@ from fastapi import Request
 from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
 from contracts.workers import WorkerRole
 from router.access import parts_of
-from router.metrics import usd_per_million_tokens
+from router.metric_views import window_view
 from router.registry import WorkerState
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def snapshot(request: Request) -> StatusSnapshot:
     parts = parts_of(request)
     now = parts.clock()
-    models = [_model_status(parts, model, now) for model in sorted(parts.registry.models())]
+    view = window_view(parts.metrics.families())
+    models = [_model_status(parts, model, now, view) for model in sorted(parts.registry.models())]
     return StatusSnapshot(
         window_s=parts.metrics.tokens_window.window_s,
         taken_at_unix_s=parts.wall_clock(),
@@ -31,7 +32,9 @@ def snapshot(request: Request) -> StatusSnapshot:
     )
 
 
-def _model_status(parts: RouterParts, model: str, now: float) -> ModelStatus:
+def _model_status(
+    parts: RouterParts, model: str, now: float, view: dict[str, dict[tuple[str, ...], float]]
+) -> ModelStatus:
     metrics = parts.metrics
     workers = sorted(
         (w for w in parts.registry.workers() if w.registration.model == model),
@@ -39,7 +42,8 @@ def _model_status(parts: RouterParts, model: str, now: float) -> ModelStatus:
     )
     by_role = {role.value: sum(1 for w in workers if w.role is role) for role in WorkerRole}
     ttft = metrics.recent_ttft.quantiles(model, (0.5, 0.99))
-    prices = usd_per_million_tokens(parts.accounting, metrics.tokens_window, model)
+    rates = view.get("pdserve_tokens_per_second", {})
+    prices = view.get("pdserve_cost_usd_per_million_tokens", {})
     queue = parts.admission.queues().get(model)
     return ModelStatus(
         model=model,
@@ -49,10 +53,10 @@ def _model_status(parts: RouterParts, model: str, now: float) -> ModelStatus:
         ttft_p50_s=ttft[0] if ttft else None,
         ttft_p99_s=ttft[1] if ttft else None,
         ttft_samples=metrics.recent_ttft.count(model),
-        input_tokens_per_s=metrics.tokens_per_s(model, "input"),
-        output_tokens_per_s=metrics.tokens_per_s(model, "output"),
-        usd_per_million_input_tokens=prices.get(("all", "input")),
-        usd_per_million_output_tokens=prices.get(("all", "output")),
+        input_tokens_per_s=rates.get((model, "input"), 0.0),
+        output_tokens_per_s=rates.get((model, "output"), 0.0),
+        usd_per_million_input_tokens=prices.get((model, "all", "input")),
+        usd_per_million_output_tokens=prices.get((model, "all", "output")),
         workers=[_worker_status(parts, w, now) for w in workers],
     )
 
