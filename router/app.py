@@ -240,6 +240,13 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     def expire() -> Awaitable[None]:
         return _expire_forever(parts.prefixes, settings.index.prefix_expire_interval_s)
 
+    async def publish_metrics() -> None:
+        # With several router processes, a process's gauges are read by whichever one
+        # serves the scrape: keep them current (its windows roll even without traffic).
+        while True:
+            await asyncio.sleep(1.0)
+            parts.metrics.publish()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
@@ -250,6 +257,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
                 ("health_probe", probe),
                 ("prefix_expiry", expire),
                 ("state_sync", parts.sync.follow),
+                ("metrics_publish", publish_metrics),
             )
         ]
         try:
