@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from pydantic import BaseModel
 
+from router.answer_schemas import ErrorResponse
 from router.errors import Forbidden, Unauthorized
 from router.settings import SCOPES
 
@@ -49,6 +50,9 @@ class Route:
     # Documents the JSON body in /openapi.json; the handler still validates it itself,
     # so that a bad field is a 400 naming it in OpenAI's error shape, never FastAPI's 422.
     body: type[BaseModel] | None = None
+    # Documents the 200 answer, and (streamed generation) the SSE event each chunk carries.
+    answer: type[BaseModel] | None = None
+    stream_chunk: type[BaseModel] | None = None
 
 
 def parts_of(request: Request) -> RouterParts:
@@ -99,26 +103,80 @@ def authorize(request: Request, access: Access) -> None:
 
 
 _COMPONENTS = "#/components/schemas/{model}"
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+# The errors each access level can answer, besides the route's own.
+_ERRORS: dict[Access, dict[int, str]] = {
+    Access.PUBLIC: {},
+    Access.CLIENT: {
+        400: "invalid request: a bad field (named in `param`), context length, a size limit",
+        401: "missing or invalid API key",
+        404: "unknown model",
+        413: "request body too large",
+        429: "overloaded: admission, a rate limit, or a full queue (Retry-After)",
+        499: "the client went away",
+        502: "a worker failed and no retry was left",
+        503: "no ready worker for the model (Retry-After)",
+    },
+}
+_ADMIN_ERRORS = {400: "invalid change, nothing applied", 401: "missing or invalid token",
+                 403: "the token lacks the scope, or the admin API is off",
+                 404: "not found", 503: "the state backend is down (Retry-After)"}  # fmt: skip
 
 
-def openapi_extra(route: Route) -> dict[str, Any] | None:
-    """The route's documented request body; nested models are in ``body_components``."""
-    if route.body is None:
-        return None
-    schema = route.body.model_json_schema(ref_template=_COMPONENTS)
-    schema.pop("$defs", None)
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": schema}}}}  # fmt: skip
+def openapi_extra(route: Route) -> dict[str, Any]:
+    """The route's documented request body, answer and errors; nested models are in
+    ``body_components``."""
+    extra: dict[str, Any] = {"responses": _responses(route)}
+    if route.body is not None:
+        schema = route.body.model_json_schema(ref_template=_COMPONENTS)
+        schema.pop("$defs", None)
+        extra["requestBody"] = {"required": True,
+                                "content": {"application/json": {"schema": schema}}}  # fmt: skip
+    return extra
+
+
+def _responses(route: Route) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK"}
+    content: dict[str, Any] = {}
+    if route.answer is not None:
+        content["application/json"] = {"schema": _ref(route.answer)}
+    if route.stream_chunk is not None:
+        content["text/event-stream"] = {"schema": {
+            "type": "string",
+            "description": f"with `stream: true`: `data: <{route.stream_chunk.__name__}>` "
+                           "events, then `data: [DONE]`; a failure after the first byte is "
+                           "an `event: error` with the error shape",
+        }}  # fmt: skip
+    if content:
+        ok["content"] = content
+    responses: dict[str, Any] = {"200": ok}
+    errors = _ERRORS.get(route.access, _ADMIN_ERRORS)
+    for status, description in errors.items():
+        answer: dict[str, Any] = {
+            "description": description,
+            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+        }
+        if status in (429, 503):
+            answer["headers"] = _RETRY_AFTER
+        responses[str(status)] = answer
+    return responses
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _COMPONENTS.format(model=model.__name__)}
 
 
 def body_components(routes: tuple[Route, ...]) -> dict[str, Any]:
-    """The models nested in the documented bodies, for /openapi.json's components."""
+    """Every model the documented bodies and answers name, for /openapi.json's components."""
     components: dict[str, Any] = {}
+    models = {ErrorResponse}
     for route in routes:
-        if route.body is not None:
-            components.update(
-                route.body.model_json_schema(ref_template=_COMPONENTS).get("$defs", {})
-            )
+        models.update(m for m in (route.body, route.answer, route.stream_chunk) if m)
+    for model in models:
+        schema = model.model_json_schema(ref_template=_COMPONENTS)
+        components.update(schema.pop("$defs", {}))
+        if model not in {route.body for route in routes}:
+            components[model.__name__] = schema
     return components
 
 

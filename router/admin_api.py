@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from contracts.status import StatusSnapshot
 from contracts.workers import WorkerRole
 from router.access import Access, Route, actor_of, parts_of
 from router.errors import InvalidRequest, NoCapacity, NotFound
@@ -200,6 +201,6 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/admin/v1/workers/{worker_id}/undrain", undrain_worker, Access.OPERATOR),
     Route("DELETE", "/admin/v1/workers/{worker_id}", delete_worker, Access.OPERATOR),
     Route("GET", "/admin/v1/audit", read_audit, Access.VIEWER),
-    Route("GET", "/admin/v1/status", read_status, Access.VIEWER),
+    Route("GET", "/admin/v1/status", read_status, Access.VIEWER, answer=StatusSnapshot),
     Route("GET", "/admin/v1/scrape_targets", scrape_targets, Access.VIEWER),
 )

@@ -18,6 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
 from router import admin_api
 from router.access import Access, Route, parts_of
+from router.answer_schemas import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ModelList,
+)
 from router.errors import APIError, NotFound, Overloaded
 from router.http_io import json_body, parsed, unless_disconnected
 from router.prepare import Endpoint, prepare
@@ -162,11 +169,25 @@ async def list_workers(request: Request) -> dict[str, Any]:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/completions", completions, Access.CLIENT, body=CompletionRequest),
     Route(
-        "POST", "/v1/chat/completions", chat_completions, Access.CLIENT, body=ChatCompletionRequest
+        "POST",
+        "/v1/completions",
+        completions,
+        Access.CLIENT,
+        body=CompletionRequest,
+        answer=CompletionResponse,
+        stream_chunk=CompletionChunk,
     ),
-    Route("GET", "/v1/models", list_models, Access.CLIENT),
+    Route(
+        "POST",
+        "/v1/chat/completions",
+        chat_completions,
+        Access.CLIENT,
+        body=ChatCompletionRequest,
+        answer=ChatCompletionResponse,
+        stream_chunk=ChatCompletionChunk,
+    ),
+    Route("GET", "/v1/models", list_models, Access.CLIENT, answer=ModelList),
     Route("GET", "/health", health, Access.PUBLIC),
     Route("GET", "/metrics", prometheus_metrics, Access.PUBLIC),
     Route(

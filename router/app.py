@@ -215,9 +215,15 @@ def _document_bodies(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             spec = generate()
-            spec.setdefault("components", {}).setdefault("schemas", {}).update(
-                body_components(ROUTES)
-            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(body_components(ROUTES))
+            # Path parameters are plain strings and bodies are validated by the handlers:
+            # FastAPI's 422 (its own error shape) is never answered, so it is not listed.
+            for operations in spec.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]

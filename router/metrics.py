@@ -14,9 +14,9 @@ So a histogram has at most models x 3 x 3 series, and per-worker gauges one per 
 Several router processes (``router_processes``) aggregate through prometheus-client's
 multiprocess mode: counters and histograms add up over the processes; what each process
 holds alone (its in-flight load, admission queue, windows) is published as gauges that
-add up (``metric_views.process_gauge_publisher``, at each scrape and every second); what every process sees
-alike (the registry, the prefix index) is read by the process that serves the scrape;
-and ratios (hit rates, tokens/s, $/1M tokens) are computed from the summed series at
+add up (``metric_views.process_gauge_publisher``, at each scrape and every second); what
+every process sees alike (the registry, the prefix index) is read by the process serving
+the scrape; and ratios (hit rates, tokens/s, $/1M tokens) are computed from the summed series at
 scrape time (``metric_views.derived``), so they are right for one process or many.
 """
 

@@ -37,3 +37,32 @@ def _refs(node: object) -> list[str]:
     if isinstance(node, list):
         return [r for value in node for r in _refs(value)]
     return []
+
+
+def test_public_answers_stream_chunks_and_errors_are_documented():
+    spec = create_app(RouterSettings()).openapi()
+    schemas = spec["components"]["schemas"]
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert chat["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ChatCompletionResponse"
+    )
+    assert (
+        "ChatCompletionChunk"
+        in chat["200"]["content"]["text/event-stream"]["schema"]["description"]
+    )
+    assert {"ChatCompletionChunk", "CompletionChunk", "Usage"} <= set(schemas)
+    for status in ("400", "401", "404", "413", "429", "502", "503"):
+        assert chat[status]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorResponse"
+        ), status
+    assert "Retry-After" in chat["429"]["headers"] and "Retry-After" in chat["503"]["headers"]
+    assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
+    completions = spec["paths"]["/v1/completions"]["post"]["responses"]
+    assert completions["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/CompletionResponse"
+    )
+    models = spec["paths"]["/v1/models"]["get"]["responses"]["200"]
+    assert models["content"]["application/json"]["schema"]["$ref"].endswith("/ModelList")
+    pools = spec["paths"]["/admin/v1/pools/{model}"]["put"]["responses"]
+    assert {"400", "401", "403"} <= set(pools)
+    assert "422" not in pools and "422" not in chat  # FastAPI's own shape is never answered
