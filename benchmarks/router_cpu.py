@@ -1,0 +1,284 @@
+"""Router CPU per request, against bare proxies in front of the same engine, in one run.
+
+One sim engine (a colocated worker, the H100 profile so that it is never what waits)
+serves three front doors: the pdserve router as users get it (default settings), and
+the two bare proxies of ``benchmarks/bare_proxy.py`` (aiohttp.web; FastAPI on uvicorn).
+For each scenario and front door, ``--concurrency`` clients send ``--requests`` requests
+and the front door's process CPU time (user + system, psutil) is divided by the requests.
+Front doors take turns within each round, in an order that rotates between rounds; each
+number is the median over ``--rounds``.
+
+Scenarios: a one-word prompt with max_tokens=1, whole and streamed; new prompts (a
+prefix never seen before) of 2k and 8k tokens with max_tokens=1; one-word prompts
+streaming 64 and 512 tokens. Derived: CPU per relayed output token ((stream_512 -
+short_stream) / 511), tokenization alone of the same 2k and 8k prompts (in this process,
+the router's tokenizer), and requests per second per router core (1 / CPU per request).
+
+    python -m benchmarks.router_cpu [--requests 200] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import psutil
+
+from agent import process_group
+from benchmarks.words import WordSource
+from contracts.tokenization import load_tokenizer
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
+from modelstore import tiny_llama
+
+MODEL = tiny_llama.SERVED_NAME
+WARM = 24  # requests per measurement sent before the clock starts
+DOORS = ("router", "aiohttp", "fastapi")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    prompt_tokens: int  # 1: one word, the same each time; more: a new prompt each request
+    max_tokens: int
+    stream: bool
+
+
+SCENARIOS = (
+    Scenario("short", 1, 1, False),
+    Scenario("short_stream", 1, 1, True),
+    Scenario("prompt_2k", 2000, 1, False),
+    Scenario("prompt_8k", 8000, 1, False),
+    Scenario("stream_64", 1, 64, True),
+    Scenario("stream_512", 1, 512, True),
+)
+
+
+def bodies(scenario: Scenario, words: WordSource, count: int, salt: str) -> list[bytes]:
+    def prompt(i: int) -> str:
+        if scenario.prompt_tokens == 1:
+            return "hello"
+        return words.run(f"{salt}-{scenario.name}-{i}", scenario.prompt_tokens)
+
+    return [
+        json.dumps({"model": MODEL, "prompt": prompt(i), "max_tokens": scenario.max_tokens,
+                    "stream": scenario.stream, "ignore_eos": True}).encode()
+        for i in range(count)
+    ]  # fmt: skip
+
+
+async def load(url: str, payloads: list[bytes], concurrency: int) -> dict[str, int]:
+    """Send every payload, ``concurrency`` at a time; the answers that were not a whole
+    200, by status (a stream without ``[DONE]`` is ``truncated``)."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for payload in payloads:
+        queue.put_nowait(payload)
+    failures: dict[str, int] = {}
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            payload = queue.get_nowait()
+            async with session.post(
+                url + "/v1/completions", data=payload, headers={"Content-Type": "application/json"}
+            ) as answer:
+                body = await answer.read()
+                streamed = b'"stream": true' in payload
+                if answer.status != 200:
+                    failures[str(answer.status)] = failures.get(str(answer.status), 0) + 1
+                elif streamed and b"data: [DONE]" not in body:
+                    failures["truncated"] = failures.get("truncated", 0) + 1
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return failures
+
+
+def cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def measure(url: str, pid: int, payloads: list[bytes], concurrency: int) -> dict:
+    # Warm: connections, caches, and admission's per-worker prefill rate (it starts from
+    # a prior and learns from the prefills it admits).
+    asyncio.run(load(url, payloads[:WARM], concurrency))
+    started_cpu, started = cpu_s(pid), time.monotonic()
+    failures = asyncio.run(load(url, payloads[WARM:], concurrency))
+    requests = len(payloads) - WARM
+    cpu = cpu_s(pid) - started_cpu
+    return {"requests": requests, "failures": failures, "cpu_s": round(cpu, 4),
+            "wall_s": round(time.monotonic() - started, 3),
+            "cpu_ms_per_request": round(1000 * cpu / requests, 4)}  # fmt: skip
+
+
+def tokenization_ms(words: WordSource, model_dir: Path, tokens: int, count: int) -> float:
+    tokenizer = load_tokenizer(str(model_dir))
+    prompts = [words.run(f"tok-{tokens}-{i}", tokens) for i in range(count)]
+    started = time.process_time()
+    for prompt in prompts:
+        tokenizer.encode(prompt, add_special_tokens=True)
+    return 1000 * (time.process_time() - started) / count
+
+
+def start_doors(run_dir: Path, engine_url: str) -> dict[str, tuple[str, object]]:
+    doors = {}
+    for kind, port in zip(("aiohttp", "fastapi"), free_ports(2), strict=True):
+        argv = [sys.executable, "-m", "benchmarks.bare_proxy", "--kind", kind, "--port",
+                str(port), "--engine", engine_url]  # fmt: skip
+        process = process_group.spawn(argv, env=dict(os.environ), log_path=run_dir / f"{kind}.log")
+        url = f"http://127.0.0.1:{port}"
+        doors[kind] = (url, process)
+    for kind, (url, process) in doors.items():
+        process_group.wait_until(
+            lambda u=url: _answers(u), timeout_s=30, what=f"{kind} proxy", process=process
+        )
+    return doors
+
+
+def _answers(url: str) -> bool:
+    try:
+        asyncio.run(load(url, [json.dumps({"model": MODEL, "prompt": "hi",
+                                           "max_tokens": 1}).encode()], 1))  # fmt: skip
+    except aiohttp.ClientError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> dict:
+    model_dir = tiny_llama.ensure()
+    words = WordSource(load_tokenizer(str(model_dir)))
+    run_dir = Path(tempfile.mkdtemp(prefix="router-cpu-"))
+    (port,) = free_ports(1)
+    plan = ClusterPlan(
+        model_path=model_dir, served_name=MODEL, prefill=0, decode=0, colocated=1, port=port,
+        run_dir=run_dir, engine="sim", sim_profile="llama3-8b-h100", max_model_len=16384,
+        ready_timeout_s=120, heartbeat_interval_s=2.0, drain_timeout_s=2,
+    )  # fmt: skip
+    cluster = LocalCluster(plan)
+    cluster.start()
+    proxies: list = []
+    try:
+        engine = cluster.workers[0].engine_url
+        doors = start_doors(run_dir, engine)
+        proxies = [process for _, process in doors.values()]
+        assert cluster.router is not None
+        targets = {"router": (cluster.router_url, cluster.router.pid),
+                   **{k: (url, process.pid) for k, (url, process) in doors.items()}}  # fmt: skip
+        results: dict[str, dict[str, list[dict]]] = {d: {} for d in DOORS}
+        for round_index in range(args.rounds):
+            order = DOORS[round_index % 3 :] + DOORS[: round_index % 3]
+            for scenario in SCENARIOS:
+                many = args.requests if scenario.max_tokens < 64 else args.stream_requests
+                count = many + WARM
+                for door in order:
+                    url, pid = targets[door]
+                    payloads = bodies(scenario, words, count, salt=f"{door}-{round_index}")
+                    result = measure(url, pid, payloads, args.concurrency)
+                    results[door].setdefault(scenario.name, []).append(result)
+                    print(f"round {round_index + 1}/{args.rounds} {scenario.name:<13} {door:<8} "
+                          f"{result['cpu_ms_per_request']:8.3f} ms CPU/request "
+                          f"(not 200: {result['failures'] or 'none'})", flush=True)  # fmt: skip
+    finally:
+        process_group.stop(proxies, grace_s=5)
+        cluster.stop()
+    tokenize = {str(n): round(tokenization_ms(words, model_dir, n, 50), 4) for n in (2000, 8000)}
+    return summarize(results, tokenize, args)
+
+
+def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
+    median = {
+        door: {name: statistics.median(r["cpu_ms_per_request"] for r in runs)
+               for name, runs in per_door.items()}
+        for door, per_door in results.items()
+    }  # fmt: skip
+    per_token = {door: (m["stream_512"] - m["short_stream"]) / 511 for door, m in median.items()}
+    router = median["router"]
+    return {
+        "command": "python -m benchmarks.router_cpu " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {
+            "requests": args.requests,
+            "stream_requests": args.stream_requests,
+            "concurrency": args.concurrency,
+            "rounds": args.rounds,
+        },
+        "scenarios": [asdict(s) for s in SCENARIOS],
+        "cpu_ms_per_request_median": median,
+        "cpu_ms_per_output_token": {d: round(v, 5) for d, v in per_token.items()},
+        "tokenization_alone_ms": tokenize,
+        "router_over_aiohttp": {n: round(router[n] / median["aiohttp"][n], 2) for n in router},
+        "router_over_fastapi": {n: round(router[n] / median["fastapi"][n], 2) for n in router},
+        "router_2k_over_tokenization": round(router["prompt_2k"] / tokenize["2000"], 2),
+        "router_8k_over_tokenization": round(router["prompt_8k"] / tokenize["8000"], 2),
+        "router_requests_per_core_s": {n: round(1000 / v, 1) for n, v in router.items()},
+        "failures": {
+            d: sum(r["failures"] for runs in per.values() for r in runs)
+            for d, per in results.items()
+        },
+        "runs": results,
+    }
+
+
+def plot(summary: dict, path: Path) -> None:
+    names = [s["name"] for s in summary["scenarios"]]
+    figure, axis = plt.subplots(figsize=(10, 4.5))
+    width = 0.27
+    for i, door in enumerate(DOORS):
+        values = [summary["cpu_ms_per_request_median"][door][n] for n in names]
+        axis.bar([x + (i - 1) * width for x in range(len(names))], values, width, label=door)
+    axis.set_xticks(range(len(names)), names)
+    axis.set_yscale("log")
+    axis.set_ylabel("CPU ms per request (median of rounds)")
+    axis.set_title("Router CPU per request against bare proxies, same engine, same run")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--stream-requests", type=int, default=40)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/router_cpu"))
+    args = parser.parse_args()
+    summary = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(summary, args.out.with_suffix(".png"))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "cpu_ms_per_request_median",
+                    "cpu_ms_per_output_token",
+                    "tokenization_alone_ms",
+                    "router_over_aiohttp",
+                    "failures",
+                )
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
