@@ -180,6 +180,8 @@ def run(args: argparse.Namespace) -> dict:
         targets = {"router": (cluster.router_url, cluster.router.pid),
                    **{k: (url, process.pid) for k, (url, process) in doors.items()}}  # fmt: skip
         results: dict[str, dict[str, list[dict]]] = {d: {} for d in DOORS}
+        partial = args.out.with_suffix(".partial.json")
+        partial.parent.mkdir(parents=True, exist_ok=True)
         for round_index in range(args.rounds):
             order = DOORS[round_index % 3 :] + DOORS[: round_index % 3]
             for scenario in SCENARIOS:
@@ -190,6 +192,8 @@ def run(args: argparse.Namespace) -> dict:
                     payloads = bodies(scenario, words, count, salt=f"{door}-{round_index}")
                     result = measure(url, pid, payloads, args.concurrency)
                     results[door].setdefault(scenario.name, []).append(result)
+                    # Kept as it comes: a crash later loses no measurement.
+                    partial.write_text(json.dumps(results, indent=1))
                     print(f"round {round_index + 1}/{args.rounds} {scenario.name:<13} {door:<8} "
                           f"{result['cpu_ms_per_request']:8.3f} ms CPU/request "
                           f"(not 200: {result['failures'] or 'none'})", flush=True)  # fmt: skip
@@ -227,9 +231,9 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         "router_2k_over_tokenization": round(router["prompt_2k"] / tokenize["2000"], 2),
         "router_8k_over_tokenization": round(router["prompt_8k"] / tokenize["8000"], 2),
         "router_requests_per_core_s": {n: round(1000 / v, 1) for n, v in router.items()},
-        "failures": {
-            d: sum(r["failures"] for runs in per.values() for r in runs)
-            for d, per in results.items()
+        "not_200": {
+            door: {name: [r["failures"] for r in runs] for name, runs in per.items()}
+            for door, per in results.items()
         },
         "runs": results,
     }
@@ -272,7 +276,7 @@ def main() -> None:
                     "cpu_ms_per_output_token",
                     "tokenization_alone_ms",
                     "router_over_aiohttp",
-                    "failures",
+                    "not_200",
                 )
             },
             indent=2,

@@ -53,6 +53,8 @@ class Route:
     # Documents the 200 answer, and (streamed generation) the SSE event each chunk carries.
     answer: type[BaseModel] | None = None
     stream_chunk: type[BaseModel] | None = None
+    # Served by ``fast_path.HotRoutes`` straight from ASGI (no path parameters).
+    hot: bool = False
 
 
 def parts_of(request: Request) -> RouterParts:

@@ -177,6 +177,7 @@ ROUTES: tuple[Route, ...] = (
         body=CompletionRequest,
         answer=CompletionResponse,
         stream_chunk=CompletionChunk,
+        hot=True,
     ),
     Route(
         "POST",
@@ -186,6 +187,7 @@ ROUTES: tuple[Route, ...] = (
         body=ChatCompletionRequest,
         answer=ChatCompletionResponse,
         stream_chunk=ChatCompletionChunk,
+        hot=True,
     ),
     Route("GET", "/v1/models", list_models, Access.CLIENT, answer=ModelList),
     Route("GET", "/health", health, Access.PUBLIC),

@@ -17,6 +17,7 @@ from router.admit import Admission
 from router.api import ROUTES
 from router.background import keep_running
 from router.errors import APIError
+from router.fast_path import HotRoutes
 from router.fleet_accounting import FleetAccounting
 from router.health import probe_engines_forever
 from router.load import InFlightLoad
@@ -204,6 +205,8 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
             route.path, guarded(route), methods=[route.method], openapi_extra=openapi_extra(route)
         )
     _document_bodies(app)
+    # Starlette runs the last added outermost: request ids first, then the hot routes.
+    app.add_middleware(HotRoutes, routes=ROUTES, api_error=_api_error, unexpected=_unexpected)
     app.add_middleware(RequestIds)
     return app
 

@@ -42,6 +42,9 @@ def main(args: argparse.Namespace) -> int:
     options = dict(
         host=server.host, port=server.port, loop="uvloop", http="httptools", access_log=False,
         log_level="warning", timeout_graceful_shutdown=10,
+        # No X-Forwarded-* rewriting: nothing here trusts a client address, and the
+        # middleware costs CPU on every request.
+        proxy_headers=False,
     )  # fmt: skip
     if server.router_processes == 1:
         uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
