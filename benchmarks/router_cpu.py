@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
+import httpx
 import matplotlib
 
 matplotlib.use("Agg")
@@ -41,6 +43,7 @@ import psutil
 from agent import process_group
 from benchmarks.words import WordSource
 from contracts.tokenization import load_tokenizer
+from contracts.workers import WorkerRegistration
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
@@ -159,6 +162,36 @@ def _answers(url: str) -> bool:
     return True
 
 
+def start_reference_router(
+    tree: Path, cluster: LocalCluster, run_dir: Path
+) -> tuple[str, subprocess.Popen]:
+    """The router of another checkout (``--ref-tree``: say, before a change), in front of
+    the same engine: the engine is registered with it once and never goes stale."""
+    (port,) = free_ports(1)
+    never = "1000000"  # seconds: the registration made here is never refreshed
+    env = {**os.environ, "PDSERVE_ADMIN_TOKEN": cluster.admin_token,
+           "PDSERVE_HEARTBEAT_TIMEOUT_S": never, "PDSERVE_FORGET_AFTER_S": never}  # fmt: skip
+    with (run_dir / "router_ref.log").open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "router", "--port", str(port)], cwd=tree,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    process_group.wait_until(lambda: process_group.http_ok(url + "/health"), timeout_s=60,
+                             what="reference router", process=process)  # fmt: skip
+    headers = {"Authorization": f"Bearer {cluster.admin_token}"}
+    known = set(WorkerRegistration.model_fields)
+    for worker in cluster.admin("GET", "/admin/workers")["workers"]:
+        registration = {k: v for k, v in worker.items() if k in known}
+        beat = {"worker_id": worker["worker_id"], "ready": True,
+                "incarnation": worker["incarnation"]}  # fmt: skip
+        for path, body in (("/admin/workers/register", registration),
+                           ("/admin/workers/heartbeat", beat)):  # fmt: skip
+            answer = httpx.post(url + path, json=body, headers=headers, timeout=10)
+            answer.raise_for_status()
+    return url, process
+
+
 def run(args: argparse.Namespace) -> dict:
     model_dir = tiny_llama.ensure()
     words = WordSource(load_tokenizer(str(model_dir)))
@@ -179,11 +212,17 @@ def run(args: argparse.Namespace) -> dict:
         assert cluster.router is not None
         targets = {"router": (cluster.router_url, cluster.router.pid),
                    **{k: (url, process.pid) for k, (url, process) in doors.items()}}  # fmt: skip
-        results: dict[str, dict[str, list[dict]]] = {d: {} for d in DOORS}
+        if args.ref_tree:
+            url, process = start_reference_router(args.ref_tree, cluster, run_dir)
+            proxies.append(process)
+            targets["router_ref"] = (url, process.pid)
+        names = tuple(targets)
+        results: dict[str, dict[str, list[dict]]] = {d: {} for d in names}
         partial = args.out.with_suffix(".partial.json")
         partial.parent.mkdir(parents=True, exist_ok=True)
         for round_index in range(args.rounds):
-            order = DOORS[round_index % 3 :] + DOORS[: round_index % 3]
+            turn = round_index % len(names)
+            order = names[turn:] + names[:turn]
             for scenario in SCENARIOS:
                 many = args.requests if scenario.max_tokens < 64 else args.stream_requests
                 count = many + WARM
@@ -227,6 +266,9 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         "cpu_ms_per_output_token": {d: round(v, 5) for d, v in per_token.items()},
         "tokenization_alone_ms": tokenize,
         "router_over_aiohttp": {n: round(router[n] / median["aiohttp"][n], 2) for n in router},
+        "router_over_router_ref": {n: round(router[n] / median["router_ref"][n], 2) for n in router}
+        if "router_ref" in median
+        else None,
         "router_over_fastapi": {n: round(router[n] / median["fastapi"][n], 2) for n in router},
         "router_2k_over_tokenization": round(router["prompt_2k"] / tokenize["2000"], 2),
         "router_8k_over_tokenization": round(router["prompt_8k"] / tokenize["8000"], 2),
@@ -242,10 +284,12 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
 def plot(summary: dict, path: Path) -> None:
     names = [s["name"] for s in summary["scenarios"]]
     figure, axis = plt.subplots(figsize=(10, 4.5))
-    width = 0.27
-    for i, door in enumerate(DOORS):
+    doors = list(summary["cpu_ms_per_request_median"])
+    width = 0.8 / len(doors)
+    for i, door in enumerate(doors):
         values = [summary["cpu_ms_per_request_median"][door][n] for n in names]
-        axis.bar([x + (i - 1) * width for x in range(len(names))], values, width, label=door)
+        offset = (i - (len(doors) - 1) / 2) * width
+        axis.bar([x + offset for x in range(len(names))], values, width, label=door)
     axis.set_xticks(range(len(names)), names)
     axis.set_yscale("log")
     axis.set_ylabel("CPU ms per request (median of rounds)")
@@ -262,6 +306,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/router_cpu"))
+    parser.add_argument(
+        "--ref-tree",
+        type=Path,
+        default=None,
+        help="also measure the router of this checkout (before a change)",
+    )
     args = parser.parse_args()
     summary = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
