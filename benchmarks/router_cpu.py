@@ -64,13 +64,14 @@ class Scenario:
     prompt_tokens: int  # 1: one word, the same each time; more: a new prompt each request
     max_tokens: int
     stream: bool
+    share: float = 1.0  # of --requests (or --stream-requests): long prompts take fewer
 
 
 SCENARIOS = (
     Scenario("short", 1, 1, False),
     Scenario("short_stream", 1, 1, True),
-    Scenario("prompt_2k", 2000, 1, False),
-    Scenario("prompt_8k", 8000, 1, False),
+    Scenario("prompt_2k", 2000, 1, False, share=0.5),
+    Scenario("prompt_8k", 8000, 1, False, share=0.25),
     Scenario("stream_64", 1, 64, True),
     Scenario("stream_512", 1, 512, True),
 )
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
             order = names[turn:] + names[:turn]
             for scenario in SCENARIOS:
                 many = args.requests if scenario.max_tokens < 64 else args.stream_requests
-                count = many + WARM
+                count = round(many * scenario.share) + WARM
                 for door in order:
                     url, pid = targets[door]
                     payloads = bodies(scenario, words, count, salt=f"{door}-{round_index}")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import os
 import random
 import time
@@ -109,6 +110,7 @@ class SimServer:
             )
             self.engine.publish_events = self._publish_events
         self._engine_task = asyncio.create_task(self.engine.run())
+        self._engine_task.add_done_callback(_engine_died)
 
     async def _stop(self, _: web.Application) -> None:
         if self._engine_task:
@@ -401,3 +403,14 @@ def _usage(request: SimRequest) -> dict[str, int]:
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
     error = {"message": message, "type": kind, "param": None, "code": status}
     return web.json_response({"error": error}, status=status)
+
+
+def _engine_died(task: asyncio.Task) -> None:
+    """An engine loop that raised would leave every request waiting forever, silently.
+    Like vLLM when its engine core dies: say why and exit, so the agent restarts it."""
+    if task.cancelled() or task.exception() is None:
+        return
+    logging.getLogger("pdserve.sim").critical(
+        "sim engine loop crashed; exiting", exc_info=task.exception()
+    )
+    os._exit(1)
