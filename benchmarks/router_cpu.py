@@ -29,11 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
-import httpx
 import matplotlib
 
 matplotlib.use("Agg")
@@ -193,8 +193,12 @@ def start_reference_router(
                 "incarnation": worker["incarnation"]}  # fmt: skip
         for path, body in (("/admin/workers/register", registration),
                            ("/admin/workers/heartbeat", beat)):  # fmt: skip
-            answer = httpx.post(url + path, json=body, headers=headers, timeout=10)
-            answer.raise_for_status()
+            request = urllib.request.Request(
+                url + path, data=json.dumps(body).encode(), method="POST",
+                headers={**headers, "Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=10):
+                pass  # an HTTP error status raises
     return url, process
 
 
