@@ -13,9 +13,11 @@ publishes KV events.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +121,25 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         yield cluster
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def small_sim_cluster(
+    run_dir: Path, *, prefill: int = 1, decode: int = 1, **plan: Any
+) -> Iterator[LocalCluster]:
+    """A sim cluster of one test module's own (quiet, half-second heartbeats), stopped on
+    exit; ``plan`` sets any other ``ClusterPlan`` field."""
+    (port,) = free_ports(1)
+    local = LocalCluster(
+        ClusterPlan(
+            model_path=tiny_llama.ensure(), served_name=MODEL, prefill=prefill, decode=decode,
+            port=port, run_dir=run_dir, engine="sim", ready_timeout_s=60,
+            heartbeat_interval_s=0.5, drain_timeout_s=2, **plan,
+        ),
+        say=lambda _: None,
+    )  # fmt: skip
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from benchmarks.prometheus_text import scrape, total
-from localrun.cluster import ClusterPlan, LocalCluster
-from localrun.ports import free_ports
+from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
+from tests.clusters import small_sim_cluster
 from tests.conditions import wait_for
 from tests.sim.faults import set_faults
 
@@ -29,20 +29,12 @@ TENANTS = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    (port,) = free_ports(1)
-    plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=1, port=port,
-        run_dir=tmp_path_factory.mktemp("admission"), engine="sim", ready_timeout_s=60,
-        heartbeat_interval_s=0.5, drain_timeout_s=2, max_model_len=4096,
+    with small_sim_cluster(
+        tmp_path_factory.mktemp("admission"), max_model_len=4096,
         router_env={"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_MAX_MESSAGES": "4",
                     "PDSERVE_MAX_OUTPUT_TOKENS_BY_MODEL": f"{MODEL}=64"},
-    )  # fmt: skip
-    local = LocalCluster(plan, say=lambda _: None)
-    try:
-        local.start()
+    ) as local:  # fmt: skip
         yield local
-    finally:
-        local.stop()
 
 
 def post(cluster: LocalCluster, body: dict, key: str = "key-open", **headers: str):

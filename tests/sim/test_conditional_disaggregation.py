@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.prometheus_text import scrape, total
-from localrun.cluster import ClusterPlan, LocalCluster
-from localrun.ports import free_ports
+from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
+from tests.clusters import small_sim_cluster
 from tests.generation import generate
 
 MODEL = tiny_llama.SERVED_NAME
@@ -23,19 +23,11 @@ THRESHOLD = 200  # tokens; tiny-cpu's block is 128
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    (port,) = free_ports(1)
-    plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=2, port=port,
-        run_dir=tmp_path_factory.mktemp("conditional"), engine="sim", ready_timeout_s=60,
-        heartbeat_interval_s=0.5, drain_timeout_s=2,
+    with small_sim_cluster(
+        tmp_path_factory.mktemp("conditional"), decode=2,
         router_env={"PDSERVE_CONDITIONAL_DISAGG_MAX_UNCACHED_TOKENS": str(THRESHOLD)},
-    )  # fmt: skip
-    local = LocalCluster(plan, say=lambda _: None)
-    try:
-        local.start()
+    ) as local:  # fmt: skip
         yield local
-    finally:
-        local.stop()
 
 
 def tokens_by_source(cluster: LocalCluster, worker: str, source: str) -> float:

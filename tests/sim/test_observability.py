@@ -27,9 +27,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.prometheus_text import scrape, total
-from localrun.cluster import ClusterPlan, LocalCluster
-from localrun.ports import free_ports
+from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
+from tests.clusters import small_sim_cluster
 from tests.conditions import wait_for
 from tests.sim.faults import set_faults
 
@@ -41,27 +41,19 @@ DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "pdserve-dashboar
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    (port,) = free_ports(1)
-    plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=1, port=port,
-        run_dir=tmp_path_factory.mktemp("observability"), engine="sim", ready_timeout_s=60,
-        heartbeat_interval_s=0.5, drain_timeout_s=2, max_model_len=4096,
-        router_env={
-            "PDSERVE_WORKER_COST_USD_PER_HOUR": json.dumps(
-                {"default": 99.0, "cpu": PRICE_USD_PER_HOUR}
-            ),
-            # Longer than the module runs: the windowed gauges then cover all of it.
-            "PDSERVE_METRICS_WINDOW_S": "3600",
-            "PDSERVE_ADMIN_TOKENS": f"grafana:viewer:{VIEWER}",
-            "PDSERVE_LOG_FORMAT": "json",
-        },
-    )  # fmt: skip
-    local = LocalCluster(plan, say=lambda _: None)
-    try:
-        local.start()
+    router_env = {
+        "PDSERVE_WORKER_COST_USD_PER_HOUR": json.dumps(
+            {"default": 99.0, "cpu": PRICE_USD_PER_HOUR}
+        ),
+        # Longer than the module runs: the windowed gauges then cover all of it.
+        "PDSERVE_METRICS_WINDOW_S": "3600",
+        "PDSERVE_ADMIN_TOKENS": f"grafana:viewer:{VIEWER}",
+        "PDSERVE_LOG_FORMAT": "json",
+    }
+    with small_sim_cluster(
+        tmp_path_factory.mktemp("observability"), max_model_len=4096, router_env=router_env
+    ) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="module")
