@@ -51,6 +51,8 @@ class SimFacts:
 class EngineSpec:
     model_path: str
     served_model_name: str
+    # The registered version (router's model registry) this model folder is; None: none.
+    model_version: str | None = None
     host: str = "127.0.0.1"
     port: int
     device: Device = "cpu"

@@ -28,6 +28,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every worker role shares."""
     parser.add_argument("--model", required=True, help="model folder to serve")
     parser.add_argument("--served-model-name", required=True, help="model name clients use")
+    parser.add_argument("--model-version", default=None,
+                        help="the registered version this folder is (the router's model "
+                        "registry); the router routes by it")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="engine bind address")
     parser.add_argument("--port", type=int, required=True, help="engine HTTP port")
     parser.add_argument("--router-url", required=True,
@@ -86,6 +89,7 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
     return {
         "model_path": args.model,
         "served_model_name": args.served_model_name,
+        "model_version": args.model_version,
         "host": args.host,
         "port": args.port,
         "device": detect_device() if args.device == "auto" else args.device,
@@ -154,6 +158,7 @@ def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerR
         worker_id=worker_id,
         role=role,
         model=spec.served_model_name,
+        model_version=spec.model_version,
         engine_url=f"http://{spec.host}:{spec.port}",
         kv_events_endpoint=spec.kv_events_subscribe_endpoint(),
         block_size=spec.resolved_block_size(),

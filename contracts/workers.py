@@ -70,6 +70,9 @@ class WorkerRegistration(BaseModel):
     worker_id: str = Field(min_length=1, max_length=200)
     role: WorkerRole
     model: str = Field(min_length=1, max_length=200, description="served model name")
+    # The registered version of the model the engine loaded (``contracts.rollout``);
+    # None for a worker outside the model registry.
+    model_version: str | None = Field(default=None, max_length=128)
     engine_url: str = Field(min_length=1, max_length=500, description="vLLM base URL")
     # Where a subscriber connects for the engine's KV events (tcp://HOST:PORT).
     kv_events_endpoint: str | None = Field(default=None, max_length=500)

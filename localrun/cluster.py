@@ -34,6 +34,16 @@ SLOW_START_S = 90.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VersionWorkers:
+    """Colocated workers serving another registered version of the plan's model (a canary
+    or a shadow), from their own folder."""
+
+    version: str
+    model_path: Path
+    colocated: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterPlan:
     """What to start. Every field has the default ``pdserve up`` uses."""
 
@@ -63,6 +73,10 @@ class ClusterPlan:
     extra_router_urls: tuple[str, ...] = ()
     # Extra router settings as PDSERVE_* environment variables.
     router_env: dict[str, str] = field(default_factory=dict)
+    # The registered version the workers above report (None: outside the model registry),
+    # and workers of other versions of the same model.
+    model_version: str | None = None
+    versions: tuple[VersionWorkers, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefill + self.decode + self.colocated == 0:
@@ -80,6 +94,8 @@ class WorkerPlan:
     side_channel_port: int
     kv_events_port: int
     cores: str
+    model_path: Path
+    version: str | None = None
 
     @property
     def engine_url(self) -> str:
@@ -89,6 +105,10 @@ class WorkerPlan:
 def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
     """Ports and core binding: workers spread over cores; a lone worker gets all of them."""
     roles = ["prefill"] * plan.prefill + ["decode"] * plan.decode + ["colocated"] * plan.colocated
+    sources = [(plan.model_path, plan.model_version)] * len(roles)
+    for other in plan.versions:
+        roles += ["colocated"] * other.colocated
+        sources += [(other.model_path, other.version)] * other.colocated
     ports = free_ports(3 * len(roles))
     workers = []
     for index, role in enumerate(roles):
@@ -98,10 +118,14 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         if role == "colocated" and plan.colocated_served_name:
             served = plan.colocated_served_name
         name = f"{role}-{roles[:index].count(role)}"
+        model_path, version = sources[index]
+        if version != plan.model_version:
+            served, name = plan.served_name, f"{version}-{name}"
         engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
-        workers.append(
-            WorkerPlan(name, role, served, engine_port, side_channel_port, events_port, cores)
-        )
+        workers.append(WorkerPlan(
+            name, role, served, engine_port, side_channel_port, events_port, cores,
+            model_path, version,
+        ))  # fmt: skip
     return workers
 
 
@@ -145,7 +169,8 @@ class LocalCluster:
         p = self.plan
         pd = w.role != "colocated"
         return agent_argv(
-            w.role, model=str(p.model_path), served_model_name=w.served_name,
+            w.role, model=str(w.model_path), served_model_name=w.served_name,
+            model_version=w.version,
             port=w.engine_port, router_url=",".join((self.router_url, *p.extra_router_urls)),
             worker_id=w.name, cores=w.cores,
             kv_cache_gib=p.kv_cache_gib, max_model_len=p.max_model_len,

@@ -65,11 +65,11 @@ def _build_tokenizer(out: Path) -> None:
     )
 
 
-def _build_weights(out: Path, vocab_size: int) -> None:
+def _build_weights(out: Path, vocab_size: int, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=256,
@@ -88,14 +88,17 @@ def _build_weights(out: Path, vocab_size: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def build(out: Path) -> None:
+def build(out: Path, *, seed: int = 0) -> None:
     _build_tokenizer(out)
     vocab_size = len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
-    _build_weights(out, max(vocab_size, len(SPECIAL_TOKENS)))
+    _build_weights(out, max(vocab_size, len(SPECIAL_TOKENS)), seed)
 
 
-def ensure(progress: Callable[[str], None] = print) -> Path:
-    """The tiny model's folder, built on first use (about 10 s)."""
+def ensure(progress: Callable[[str], None] = print, *, seed: int = 0) -> Path:
+    """The tiny model's folder, built on first use (about 10 s). Another ``seed`` is
+    another build of it: same tokenizer and shape, other weights (a second version)."""
+    name = NAME if seed == 0 else f"{NAME}-seed{seed}"
     return prepared(
-        NAME, build, what="building (tokenizer from stdlib, random weights)", progress=progress
-    )
+        name, lambda out: build(out, seed=seed),
+        what=f"building (tokenizer from stdlib, random weights, seed {seed})", progress=progress,
+    )  # fmt: skip

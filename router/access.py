@@ -3,8 +3,9 @@
 - ``public``: no credentials (health, metrics);
 - ``client``: an API key from ``api_keys`` or a tenant's ``keys`` when any is set; the
   caller's tenant (``tenants.py``) is left on ``request.state.tenant``;
-- ``viewer`` / ``operator`` / ``admin``: a scoped admin token (``admin_tokens``); each
-  scope includes the ones before it. ``admin_token`` (what agents register with) is an
+- ``viewer`` / ``operator`` / ``reviewer`` / ``admin``: a scoped admin token
+  (``admin_tokens``); what each scope grants is ``settings.SCOPE_GRANTS`` (admin does
+  not include reviewer). ``admin_token`` (what agents register with) is an
   admin-scoped token named ``agents``. No token configured at all: the admin API answers
   403. A missing or unknown token is 401; a known token without the scope is 403.
 The caller's name (never the token) is left on ``request.state.actor`` for the audit log.
@@ -24,7 +25,7 @@ from pydantic import BaseModel
 
 from router.answer_schemas import ErrorResponse
 from router.errors import Forbidden, Unauthorized
-from router.settings import SCOPES
+from router.settings import SCOPE_GRANTS
 
 if TYPE_CHECKING:
     from router.app import RouterParts
@@ -35,6 +36,7 @@ class Access(enum.Enum):
     CLIENT = "client"
     VIEWER = "viewer"
     OPERATOR = "operator"
+    REVIEWER = "reviewer"
     ADMIN = "admin"
 
 
@@ -96,7 +98,7 @@ def authorize(request: Request, access: Access) -> None:
     if identity is None:
         raise Unauthorized("missing or invalid admin token", code="invalid_admin_token")
     name, scope = identity
-    if SCOPES.index(scope) < SCOPES.index(access.value):
+    if access.value not in SCOPE_GRANTS[scope]:
         raise Forbidden(
             f"token {name!r} has scope {scope!r}; this needs {access.value!r}",
             code="insufficient_scope",

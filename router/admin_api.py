@@ -81,7 +81,7 @@ async def change_pool(request: Request, model: str) -> JSONResponse:
     try:
         operation = await parts.pools.change(model, target, actor_of(request))
     except StateUnavailable as error:
-        raise _state_down(error) from None
+        raise state_down(error) from None
     log.info("pool change %s by %s: %s %s", operation.id, actor_of(request), model, target)
     return JSONResponse(
         {"operation": operation.id, "target": target.as_dict(),
@@ -94,7 +94,7 @@ async def get_operation(request: Request, operation_id: str) -> dict[str, Any]:
     try:
         operation = await parts_of(request).pools.operation(operation_id)
     except StateUnavailable as error:
-        raise _state_down(error) from None
+        raise state_down(error) from None
     if operation is None:
         raise NotFound(f"no operation {operation_id!r}", code="operation_not_found")
     return operation
@@ -134,7 +134,7 @@ async def read_audit(request: Request) -> dict[str, Any]:
     try:
         entries = await parts_of(request).state.audit(limit=int(raw))
     except StateUnavailable as error:
-        raise _state_down(error) from None
+        raise state_down(error) from None
     return {
         "entries": [
             {"at_unix_s": e.at_unix_s, "actor": e.actor, "action": e.action,
@@ -153,10 +153,10 @@ async def _set_held(request: Request, worker_id: str, *, held: bool) -> None:
         await parts.sync.publish_control(parts.pools.wanted())
     except StateUnavailable as error:
         (parts.registry.hold if was_held else parts.registry.release)(worker_id)
-        raise _state_down(error) from None
+        raise state_down(error) from None
 
 
-def _state_down(error: StateUnavailable) -> NoCapacity:
+def state_down(error: StateUnavailable) -> NoCapacity:
     return NoCapacity(
         f"the control-plane state is unreachable; nothing was changed ({error})",
         code="state_unavailable",

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
-from router import admin_api
+from router import admin_api, rollout_api
 from router.access import Access, Route, parts_of
 from router.answer_schemas import (
     ChatCompletionChunk,
@@ -58,16 +58,26 @@ async def generate(request: Request, endpoint: Endpoint) -> Response:
             ttft_slo_header=request.headers.get("x-pdserve-ttft-slo-ms"),
         )  # fmt: skip
     except NotFound:
-        counted.labels("unknown", endpoint.value, "404").inc()
+        counted.labels("unknown", endpoint.value, "404", "prod").inc()
         raise
+    path = parts.rollout_path
+    prepared = path.place(prepared, request.headers)
+    shadow = None
     try:
+        await path.screen_input(prepared)
+        shadow = path.mirror(prepared, parts.pipeline.busy)
         response = await unless_disconnected(request, parts.pipeline.serve(prepared))
+        response = await path.screen_output(prepared, response)
     except APIError as error:
-        counted.labels(prepared.requested_model, endpoint.value, str(error.status)).inc()
+        path.answered(prepared, shadow, status=error.status)
+        counted.labels(prepared.requested_model, endpoint.value, str(error.status),
+                       prepared.stage).inc()  # fmt: skip
         if error.code in LIMIT_CODES:
             parts.metrics.limit_rejections.labels(prepared.requested_model, error.code).inc()
         raise
-    counted.labels(prepared.requested_model, endpoint.value, str(response.status_code)).inc()
+    path.answered(prepared, shadow, status=response.status_code, response=response)
+    counted.labels(prepared.requested_model, endpoint.value, str(response.status_code),
+                   prepared.stage).inc()  # fmt: skip
     return response
 
 
@@ -80,14 +90,20 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> dict[str, Any]:
+    """Model ids (and aliases) only: versions are the route's business (admins see them
+    at ``GET /admin/v1/models``). A tenant limited to some models sees only those."""
     parts = parts_of(request)
     served = parts.registry.models()
     listed = [alias for alias, model in parts.aliases.items() if model in served]
+    tenant = getattr(request.state, "tenant", None)
+    names = [
+        name for name in [*served, *listed]
+        if tenant is None or tenant.may_use(name, parts.aliases.get(name, name))
+    ]  # fmt: skip
     return {
         "object": "list",
         "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "pdserve"}
-            for name in [*served, *listed]
+            {"id": name, "object": "model", "created": 0, "owned_by": "pdserve"} for name in names
         ],
     }
 
@@ -110,6 +126,7 @@ async def prometheus_metrics(request: Request) -> Response:
 async def register_worker(request: Request) -> dict[str, Any]:
     parts = parts_of(request)
     registration = parsed(WorkerRegistration, await json_body(request, _ADMIN_BODY_BYTES))
+    parts.rollout.rollout.check_worker(registration)
     previous = parts.registry.get(registration.worker_id)
     try:
         parts.registry.register(registration, parts.clock())
@@ -199,4 +216,5 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.ADMIN),
     Route("GET", "/admin/workers", list_workers, Access.ADMIN),
     *admin_api.ROUTES,
+    *rollout_api.ROUTES,
 )

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from contracts.safety import HookCheck
 from router.access import body_components, guarded, openapi_extra
 from router.admit import Admission
 from router.api import ROUTES
@@ -35,16 +38,21 @@ from router.prefix_tracking import PrefixTracker
 from router.prompt_blocks import BlockHashers
 from router.registry import WorkerRegistry
 from router.request_ids import RequestIds
+from router.review import ReviewQueue
+from router.rollout import Rollout
+from router.rollout_control import RolloutControl
+from router.rollout_path import RolloutPath
 from router.routing_stats import RoutingStats
 from router.schedule import Scheduler
 from router.settings import RouterSettings
+from router.shadow import ShadowMirror
 from router.state.base import ControlState, StateLimits
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 from router.state_sync import StateSync
 from router.tenants import Tenants
 from router.ttft_predictor import TTFTPredictor
-from router.upstream import Upstream
+from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
 from router.windows import SlidingSums
 
 log = logging.getLogger("pdserve.router")
@@ -71,6 +79,9 @@ class RouterParts:
     tenants: Tenants
     accounting: FleetAccounting
     admission: Admission
+    rollout: RolloutControl
+    rollout_path: RolloutPath
+    review: ReviewQueue
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
@@ -82,20 +93,15 @@ class RouterParts:
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
     health, routing = settings.health, settings.routing
     registry = WorkerRegistry(
-        heartbeat_timeout_s=health.heartbeat_timeout_s,
-        forget_after_s=health.forget_after_s,
+        heartbeat_timeout_s=health.heartbeat_timeout_s, forget_after_s=health.forget_after_s,
         max_workers=health.max_workers,
-    )
-    upstream = Upstream(
-        pool_size=settings.upstream.upstream_pool_size,
-        connect_timeout_s=settings.upstream.upstream_connect_timeout_s,
-        keepalive_s=settings.upstream.upstream_keepalive_s,
-    )
+    )  # fmt: skip
+    upstream = Upstream(**settings.upstream.pool_arguments())
     load = InFlightLoad()
     observe = settings.metrics
     metrics = RouterMetrics(
         window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
-        clock=clock,
+        clock=clock, stage_samples=settings.rollout.rollout_samples_kept,
     )  # fmt: skip
     stats = RoutingStats(
         hotspot_window_requests=routing.hotspot_window_requests, on_routed=metrics.count_routed
@@ -116,7 +122,13 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings=settings, registry=registry, upstream=upstream, metrics=metrics,
         scheduler=scheduler, load=load, predictor=predictor, clock=clock,
     )  # fmt: skip
-    state, sync, pools = _control_plane(settings, registry, load, stats, prefixes, clock)
+    state = _state(settings)
+    rollout = RolloutControl(
+        state, Rollout(), metrics.stages, wall_clock=time.time,
+        on_rollback=lambda model: metrics.canary_rollbacks.labels(model).inc(),
+    )  # fmt: skip
+    sync, pools = _control_plane(settings, state, registry, load, stats, prefixes, clock,
+                                 on_document=rollout.reload)  # fmt: skip
     admission = Admission(
         admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
         metrics=metrics, clock=clock,
@@ -125,37 +137,94 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
     )  # fmt: skip
-    metrics.share(WorkerCollector(registry, clock))
-    metrics.share(SharedStateCollector(registry, prefixes.index, stats))
-    metrics.on_publish(process_gauge_publisher(
+    rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
+    _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
         accounting=accounting, backend_up=lambda: sync.backend_up,
     ))  # fmt: skip
-    metrics.derive_with(derived)
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
         admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
-        admission=admission,
+        admission=admission, rollout=rollout, rollout_path=rollout_path,
+        review=rollout_path.review,
     )  # fmt: skip
+
+
+def _wire_metrics(
+    metrics: RouterMetrics,
+    registry: WorkerRegistry,
+    prefixes: PrefixTracker,
+    stats: RoutingStats,
+    clock: Callable[[], float],
+    publisher: Callable[[], None],
+) -> None:
+    metrics.share(WorkerCollector(registry, clock))
+    metrics.share(SharedStateCollector(registry, prefixes.index, stats))
+    metrics.on_publish(publisher)
+    metrics.derive_with(derived)
+
+
+def _rollout_path(
+    settings: RouterSettings,
+    rollout: RolloutControl,
+    state: ControlState,
+    pipeline: RequestPipeline,
+    metrics: RouterMetrics,
+    upstream: Upstream,
+    clock: Callable[[], float],
+) -> RolloutPath:
+    shadow = ShadowMirror(
+        pipeline.serve_shadow, max_inflight=settings.rollout.shadow_max_inflight,
+        timeout_s=settings.rollout.shadow_timeout_s,
+        records_kept=settings.rollout.shadow_records_kept,
+        count=lambda model, outcome: metrics.shadow_requests.labels(model, outcome).inc(),
+        clock=clock, wall_clock=time.time,
+    )  # fmt: skip
+    return RolloutPath(
+        rollout.rollout, review=ReviewQueue(state, wall_clock=time.time), shadow=shadow,
+        metrics=metrics, call_hook=_hook_caller(upstream), clock=clock,
+    )  # fmt: skip
+
+
+def _state(settings: RouterSettings) -> ControlState:
+    limits = StateLimits(
+        max_workers=settings.health.max_workers,
+        max_audit_entries=settings.control.audit_entries_kept,
+        max_review_items=settings.rollout.review_items_kept,
+    )
+    url = settings.control.state_url
+    return RedisState(url, limits) if url else MemoryState(limits)
+
+
+def _hook_caller(upstream: Upstream) -> Callable[[HookCheck, dict[str, Any]], Awaitable[Any]]:
+    """Safety hooks are called through the engines' connection pool; any failure is a
+    ``ValueError`` the screen resolves by the hook's ``on_failure``."""
+
+    async def call(hook: HookCheck, payload: dict[str, Any]) -> Any:
+        try:
+            raw = await upstream.post_json(
+                hook.url, json.dumps(payload).encode(), timeout_s=hook.timeout_s
+            )
+        except (EngineUnreachable, EngineHTTPError) as error:
+            raise ValueError(str(error)) from None
+        return json.loads(raw)
+
+    return call
 
 
 def _control_plane(
     settings: RouterSettings,
+    state: ControlState,
     registry: WorkerRegistry,
     load: InFlightLoad,
     stats: RoutingStats,
     prefixes: PrefixTracker,
     clock: Callable[[], float],
-) -> tuple[ControlState, StateSync, PoolController]:
-    limits = StateLimits(
-        max_workers=settings.health.max_workers,
-        max_audit_entries=settings.control.audit_entries_kept,
-    )
-    url = settings.control.state_url
-    state: ControlState = RedisState(url, limits) if url else MemoryState(limits)
-
+    *,
+    on_document: Callable[[str | None], Awaitable[None]],
+) -> tuple[StateSync, PoolController]:
     def forget(worker_id: str) -> None:
         forget_worker(worker_id, prefixes=prefixes, load=load, stats=stats)
 
@@ -164,13 +233,13 @@ def _control_plane(
         on_registered=prefixes.on_registered, on_gone=forget,
         on_control=lambda wanted: pools.adopt(wanted),
         settled=lambda worker_id, role: pools.settled(worker_id, role),
-        wanted=lambda: pools.wanted(), clock=clock,
+        wanted=lambda: pools.wanted(), on_document=on_document, clock=clock,
     )  # fmt: skip
     pools = PoolController(
         settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
         state=state, publish=sync.publish_control,
     )  # fmt: skip
-    return state, sync, pools
+    return sync, pools
 
 
 def forget_worker(
@@ -256,6 +325,9 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
             await asyncio.sleep(1.0)
             parts.metrics.publish()
 
+    def judge_canaries() -> Awaitable[None]:
+        return parts.rollout.judge_forever(settings.rollout.gate_check_interval_s)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
@@ -267,6 +339,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
                 ("prefix_expiry", expire),
                 ("state_sync", parts.sync.follow),
                 ("metrics_publish", publish_metrics),
+                ("rollout_gate", judge_canaries),
             )
         ]
         try:

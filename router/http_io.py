@@ -39,7 +39,12 @@ def parsed(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as error:
-        raise InvalidRequest(f"invalid {model.__name__}: {error.errors()[0]['msg']}") from None
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        where = f" at {field}" if field else ""
+        raise InvalidRequest(
+            f"invalid {model.__name__}{where}: {first['msg']}", param=field
+        ) from None
 
 
 async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:

@@ -8,8 +8,10 @@ Labels and their bound (no label ever holds a request, prompt, tenant key or ver
   output; ``tenant_class``: interactive, standard, batch;
 - ``worker``: registered workers (at most ``max_workers``; a forgotten worker's series
   go with it); ``kind``: worker kinds the agents report (cpu, accelerator names);
-- ``reason``, ``status``, ``endpoint``, ``kind`` of failures: fixed sets in the code.
-So a histogram has at most models x 3 x 3 series, and per-worker gauges one per worker.
+- ``route_stage``: prod, canary, shadow (the model's route; never the version itself);
+- ``reason``, ``status``, ``endpoint``, ``kind`` of failures, ``outcome``, ``action``:
+  fixed sets in the code.
+So a histogram has at most models x 3 x 3 x 3 series, and per-worker gauges one per worker.
 
 Several router processes (``router_processes``) aggregate through prometheus-client's
 multiprocess mode: counters and histograms add up over the processes; what each process
@@ -34,6 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 
 from router.fleet_accounting import ENGINE_COUNTERS, PoolKey
+from router.rollout_gate import StageWindows
 from router.usage import Usage
 from router.windows import RecentSamples, SlidingSums
 
@@ -81,18 +84,23 @@ class RouterMetrics:
         window_s: float,
         recent_ttft_samples: int,
         clock: Callable[[], float],
+        stage_samples: int = 20_000,
     ) -> None:
         self.prometheus = CollectorRegistry(auto_describe=True)
         r = self.prometheus
         self.requests = Counter(
-            "pdserve_requests", "Requests by outcome", ["model", "endpoint", "status"], registry=r
-        )
+            "pdserve_requests", "Requests by outcome",
+            ["model", "endpoint", "status", "route_stage"], registry=r,
+        )  # fmt: skip
+        # The canary gate's figures per route stage (this process's).
+        self.stages = StageWindows(max_samples=stage_samples, clock=clock)
         self.tokens_window = SlidingSums(window_s=window_s, bucket_s=1.0, clock=clock)
         self.recent_ttft = RecentSamples(
             window_s=window_s, max_samples=recent_ttft_samples, clock=clock
         )
         self._declare_latencies(r)
         self._declare_counters(r)
+        self._declare_rollout(r)
         self._declare_admission(r)
         self._declare_fleet(r)
         self._declare_process_gauges(r)
@@ -147,9 +155,24 @@ class RouterMetrics:
 
     # -- recording -------------------------------------------------------------
 
-    def observe_ttft(self, model: str, mode: str, tenant_class: str, seconds: float) -> None:
-        self.ttft.labels(model, mode, tenant_class).observe(seconds)
-        self.recent_ttft.add(model, seconds)
+    def observe_ttft(
+        self, model: str, mode: str, tenant_class: str, seconds: float, stage: str = "prod"
+    ) -> None:
+        self.ttft.labels(model, mode, tenant_class, stage).observe(seconds)
+        self.stages.ttft(model, stage, seconds)
+        if stage != "shadow":  # the status view's TTFT is what clients see
+            self.recent_ttft.add(model, seconds)
+
+    def itl_observer(self, model: str, stage: str) -> Callable[[float], None]:
+        """What a stream calls for each gap between events."""
+        histogram = self.itl.labels(model, stage).observe
+        windows = self.stages
+
+        def observe(seconds: float) -> None:
+            histogram(seconds)
+            windows.itl(model, stage, seconds)
+
+        return observe
 
     def observe_usage(
         self, model: str, tenant_class: str, usage: Usage, *, counts_prompt: bool = True
@@ -187,14 +210,14 @@ class RouterMetrics:
         self.ttft = Histogram(
             "pdserve_time_to_first_token_seconds",
             "Arrival to first streamed byte, or to the whole answer when not streamed",
-            ["model", "mode", "tenant_class"],
+            ["model", "mode", "tenant_class", "route_stage"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.e2e = Histogram(
             "pdserve_e2e_request_latency_seconds",
             "Arrival to last byte",
-            ["model", "mode", "tenant_class"],
+            ["model", "mode", "tenant_class", "route_stage"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -218,8 +241,29 @@ class RouterMetrics:
         self.itl = Histogram(
             "pdserve_inter_token_latency_seconds",
             "Gap between streamed chunks",
-            ["model"],
+            ["model", "route_stage"],
             buckets=_ITL_BUCKETS_S,
+            registry=r,
+        )
+
+    def _declare_rollout(self, r: CollectorRegistry) -> None:
+        self.shadow_requests = Counter(
+            "pdserve_shadow_requests",
+            "Mirrored requests to a route's shadow version by outcome: ok, error, timeout, "
+            "shed (not sent: under load), mismatch (a greedy answer differing from prod's)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.safety_hits = Counter(
+            "pdserve_safety_hits",
+            "Safety policy hits by direction (input, output) and action (block, flag)",
+            ["model", "direction", "action"],
+            registry=r,
+        )
+        self.canary_rollbacks = Counter(
+            "pdserve_canary_rollbacks",
+            "Canaries rolled back by their SLO gate (not by an operator)",
+            ["model"],
             registry=r,
         )
 

@@ -313,8 +313,9 @@ class Orchestrator:
         self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
         elapsed_s = self._clock() - request.arrived_s
         metrics, tenant_class = self._metrics, request.tenant_class
-        metrics.observe_ttft(request.model, mode, tenant_class, elapsed_s)
-        metrics.e2e.labels(request.model, mode, tenant_class).observe(elapsed_s)
+        metrics.observe_ttft(request.model, mode, tenant_class, elapsed_s, request.stage)
+        metrics.e2e.labels(request.model, mode, tenant_class, request.stage).observe(elapsed_s)
+        metrics.stages.answered(request.model, request.stage, error=False)
         usage = usage_in_answer(payload)
         if usage is not None:
             metrics.observe_usage(
@@ -358,7 +359,7 @@ class Orchestrator:
 
         stream = relay_sse(
             response, first, stats=StreamStats(started_s=request.arrived_s),
-            on_gap=metrics.itl.labels(model).observe, on_end=on_end, clock=self._clock,
+            on_gap=metrics.itl_observer(model, request.stage), on_end=on_end, clock=self._clock,
             strip_usage=strip_usage,
         )  # fmt: skip
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -367,13 +368,16 @@ class Orchestrator:
         """A stream ended: its latencies, and its tokens when the engine reported usage."""
         metrics, model, tenant_class = self._metrics, request.model, request.tenant_class
         ended_s = self._clock()
-        metrics.e2e.labels(model, mode, tenant_class).observe(ended_s - request.arrived_s)
+        stage = request.stage
+        metrics.e2e.labels(model, mode, tenant_class, stage).observe(ended_s - request.arrived_s)
         metrics.output_chunks.labels(model).inc(stats.events)
+        metrics.stages.answered(model, stage, error=stats.failure is not None)
         if stats.failure:
             metrics.stream_errors.labels(model).inc()
         if stats.first_byte_s is None:
             return
-        metrics.observe_ttft(model, mode, tenant_class, stats.first_byte_s - request.arrived_s)
+        ttft_s = stats.first_byte_s - request.arrived_s
+        metrics.observe_ttft(model, mode, tenant_class, ttft_s, stage)
         metrics.stage.labels(model, "decode").observe(ended_s - stats.first_byte_s)
         if stats.usage is None:
             return

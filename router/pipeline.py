@@ -20,8 +20,8 @@ from router.admit import Admission
 from router.fan_out import serve_choices, split_choices
 from router.orchestrate import Orchestrator
 from router.prepare import PreparedRequest, measure_prompt
-from router.prompt_blocks import BlockHashers
-from router.registry import WorkerRegistry
+from router.prompt_blocks import BlockHashers, PromptBlocks
+from router.registry import Pools, WorkerRegistry
 from router.settings import ServerSettings
 
 
@@ -64,12 +64,9 @@ class RequestPipeline:
 
     async def serve_one(self, request: PreparedRequest) -> Response:
         """One choice: measure, admit, schedule and orchestrate."""
-        pools = self._registry.pools(request.model, self._clock())
+        pools = self._registry.pools(request.model, self._clock(), request.version)
         self._admission.precheck(request, pools)
-        blocks = await measure_prompt(
-            request, pools.first_hop, self._hashers,
-            offload_chars=self._settings.tokenize_offload_chars,
-        )  # fmt: skip
+        blocks = await self._measure(request, pools)
         admitted = await self._admission.admit(request, pools, blocks)
         try:
             return await self._orchestrator.serve(
@@ -77,3 +74,26 @@ class RequestPipeline:
             )
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
+
+    async def serve_shadow(self, request: PreparedRequest) -> Response:
+        """A mirrored copy (``shadow.py``): measured, scheduled and orchestrated on its
+        version's workers, outside admission (it takes no tenant's rate or queue)."""
+        pools = self._registry.pools(request.model, self._clock(), request.version)
+        blocks = await self._measure(request, pools)
+        return await self._orchestrator.serve(request, pools, blocks, prefilled=lambda: None)
+
+    async def _measure(self, request: PreparedRequest, pools: Pools) -> PromptBlocks:
+        return await measure_prompt(
+            request, pools.first_hop, self._hashers,
+            offload_chars=self._settings.tokenize_offload_chars,
+        )  # fmt: skip
+
+    def busy(self, request: PreparedRequest, shadow_version: str | None) -> bool:
+        """Under load, for shadowing: the model's router queue, or the shadow's engines,
+        have requests waiting."""
+        queue = self._admission.queues().get(request.model)
+        if queue is not None and queue.waiting:
+            return True
+        pools = self._registry.pools(request.model, self._clock(), shadow_version)
+        workers = [*pools.prefill, *pools.decode, *pools.colocated]
+        return not workers or any(w.load.num_requests_waiting > 0 for w in workers)

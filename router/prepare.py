@@ -18,7 +18,7 @@ from typing import Any
 
 from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
 from router.context_window import check_prompt_chars, check_prompt_tokens, context_limit
-from router.errors import InvalidRequest, NotFound
+from router.errors import Forbidden, InvalidRequest, NotFound
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import WorkerState
 from router.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, validate
@@ -62,6 +62,10 @@ class PreparedRequest:
     predicted_ttft_s: float | None = None
     # False for a fan-out's later samples of one prompt: usage counts that prompt once.
     counts_prompt: bool = True
+    # Set by the model's route (``rollout.py``): the stage that serves it (prod, canary, or
+    # shadow for a mirrored copy) and that stage's version (None: no route, any version).
+    stage: str = "prod"
+    version: str | None = None
 
     @property
     def tenant_class(self) -> str:
@@ -103,6 +107,11 @@ def prepare(
             code="model_not_found",
         )
     tenant = tenant or Tenant(ANONYMOUS, TenantPolicy())
+    if not tenant.may_use(parsed.model, served):
+        raise Forbidden(
+            f"model {parsed.model!r} is not among this API key's allowed models",
+            param="model", code="model_not_allowed",
+        )  # fmt: skip
     return PreparedRequest(
         endpoint=endpoint, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
         requested_model=parsed.model, tenant=tenant,

@@ -158,16 +158,22 @@ class WorkerRegistry:
             and state.last_seen_s >= now_s - self._heartbeat_timeout_s
         )
 
-    def eligible(self, model: str, role: WorkerRole, now_s: float) -> list[WorkerState]:
+    def eligible(
+        self, model: str, role: WorkerRole, now_s: float, version: str | None = None
+    ) -> list[WorkerState]:
+        """``version`` None: the model's workers whatever version they serve."""
         return [
             w
             for w in self._workers.values()
-            if w.role is role and w.registration.model == model and self.is_eligible(w, now_s)
+            if w.role is role
+            and w.registration.model == model
+            and self.is_eligible(w, now_s)
+            and (version is None or w.registration.model_version == version)
         ]
 
-    def pools(self, model: str, now_s: float) -> Pools:
+    def pools(self, model: str, now_s: float, version: str | None = None) -> Pools:
         return Pools(
-            *(self.eligible(model, role, now_s) for role in
+            *(self.eligible(model, role, now_s, version) for role in
               (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED))
         )  # fmt: skip
 

@@ -24,7 +24,15 @@ def _pairs(spec: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in pairs}
 
 
-SCOPES = ("viewer", "operator", "admin")
+SCOPES = ("viewer", "operator", "reviewer", "admin")
+# What each scope may do. ``admin`` does not include ``reviewer``: approving a version
+# for prod is a duty of its own, so whoever rolls a version out cannot also approve it.
+SCOPE_GRANTS: dict[str, frozenset[str]] = {
+    "viewer": frozenset({"viewer"}),
+    "operator": frozenset({"viewer", "operator"}),
+    "reviewer": frozenset({"viewer", "reviewer"}),
+    "admin": frozenset({"viewer", "operator", "admin"}),
+}
 
 
 class _Group(BaseModel):
@@ -100,6 +108,12 @@ class UpstreamSettings(_Group):
         description="Idle upstream connections are closed after this. Keep it below the "
         "engines' keep-alive (agents start vLLM with VLLM_HTTP_TIMEOUT_KEEP_ALIVE=60).",
     )
+
+    def pool_arguments(self) -> dict[str, float | int]:
+        """``Upstream``'s connection pool, from these knobs."""
+        return {"pool_size": self.upstream_pool_size,
+                "connect_timeout_s": self.upstream_connect_timeout_s,
+                "keepalive_s": self.upstream_keepalive_s}  # fmt: skip
 
 
 class LeaseSettings(_Group):
@@ -305,8 +319,10 @@ class ControlSettings(_Group):
     admin_tokens: str = Field(
         "",
         description="Scoped admin tokens, `name:scope:token,...`; scopes: viewer (read), "
-        "operator (pools, drains), admin (all). `admin_token` is an admin token named "
-        "`agents`. Names, never tokens, go into the audit log.",
+        "operator (pools, drains, models, routes, promote, rollback), reviewer (read, the "
+        "review queue, approving versions for prod), admin (all but reviewing). "
+        "`admin_token` is an admin token named `agents`. Names, never tokens, go into the "
+        "audit log.",
     )
     rerole_step_workers: int = Field(
         1, ge=1, le=64, description="Workers a P:D ratio change re-roles at once."
@@ -525,6 +541,37 @@ class MetricsSettings(_Group):
         return self
 
 
+class RolloutSettings(_Group):
+    """Versions in production: the canary gate's figures, shadow traffic, the review queue."""
+
+    rollout_samples_kept: int = Field(
+        20_000, ge=100, le=1_000_000,
+        description="Samples kept per model, stage and series (TTFT, ITL, answers) for the "
+        "canary gate; a gate window holding more judges the newest.",
+    )  # fmt: skip
+    gate_check_interval_s: float = Field(
+        5.0, gt=0, le=3600,
+        description="How often each canary is judged against its gate (and rolled back "
+        "when it breaches and the gate says auto_rollback).",
+    )  # fmt: skip
+    shadow_max_inflight: int = Field(
+        16, ge=0, le=10_000,
+        description="Mirrored requests in flight at once per router; past it, shadow copies "
+        "are shed (counted), never queued.",
+    )  # fmt: skip
+    shadow_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="A mirrored request is abandoned after this long."
+    )
+    shadow_records_kept: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="Shadow comparisons kept per router for GET .../routes/{model}/shadow.",
+    )  # fmt: skip
+    review_items_kept: int = Field(
+        10_000, ge=1, le=10_000_000,
+        description="Flagged items kept in the review queue (oldest dropped).",
+    )  # fmt: skip
+
+
 class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
@@ -537,6 +584,7 @@ class RouterSettings(BaseModel):
     control: ControlSettings = Field(default_factory=ControlSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     @model_validator(mode="before")
     @classmethod

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contracts.workers import WorkerHeartbeat, WorkerRegistration, WorkerRole
@@ -47,6 +47,7 @@ class StateSync:
         on_control: Callable[[dict[str, WorkerRole]], None],
         settled: Callable[[str, WorkerRole], bool],
         wanted: Callable[[], dict[str, WorkerRole]],
+        on_document: Callable[[str | None], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
@@ -57,6 +58,7 @@ class StateSync:
         self._on_control = on_control
         self._settled = settled
         self._wanted = wanted
+        self._on_document = on_document
         self._clock = clock
         self._backend_down = False
 
@@ -101,6 +103,8 @@ class StateSync:
             await self._apply_worker(change.key, await self._state.worker(change.key))
         elif change.kind == "config" and change.key == CONTROL_DOCUMENT:
             await self._apply_control()
+        elif change.kind == "config" and self._on_document is not None:
+            await self._on_document(change.key)  # the model registry, the routes
         elif change.kind == "resync":
             await self.resync()
 
@@ -117,6 +121,8 @@ class StateSync:
         for worker_id, record in records.items():
             await self._apply_worker(worker_id, record)
         await self._apply_control()
+        if self._on_document is not None:
+            await self._on_document(None)
 
     async def _apply_worker(self, worker_id: str, record: dict[str, Any] | None) -> None:
         current = self._registry.get(worker_id)

@@ -1,7 +1,8 @@
 """Tenants: who is calling, by API key, and the policy that caller is admitted under.
 
 A tenant is a name with API keys, request and token rates, a priority class, a fair-share
-weight and its own context and output caps (``tenants`` knob, JSON). A key no tenant
+weight, the models it may use (a 403 for others; ``/v1/models`` lists only those) and its
+own context and output caps (``tenants`` knob, JSON). A key no tenant
 names is a tenant of its own, named by a digest of the key (the key itself is never
 logged or exported); without client keys every caller is ``anonymous``. Both get the
 default rates.
@@ -35,6 +36,9 @@ class TenantPolicy(BaseModel):
     weight: float = Field(1.0, gt=0, le=1000, description="fair share within its class")
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
+    models: tuple[str, ...] = Field(
+        (), max_length=1000, description="model ids (or aliases) it may use; empty: all"
+    )
 
 
 def parse_tenants(spec: str) -> dict[str, TenantPolicy]:
@@ -66,6 +70,10 @@ def parse_tenants(spec: str) -> dict[str, TenantPolicy]:
 class Tenant:
     name: str
     policy: TenantPolicy
+
+    def may_use(self, requested: str, served: str) -> bool:
+        allowed = self.policy.models
+        return not allowed or requested in allowed or served in allowed
 
     def priority_for(self, asked: str | None) -> int:
         """The class index (0 is highest) this request runs in: the tenant's, or lower."""

@@ -6,6 +6,8 @@ What it holds:
 - pool targets: per model, how many prefill and decode workers the SRE asked for;
 - config documents by name, each write a new version;
 - an append-only audit log, capped at ``max_audit_entries`` (oldest dropped first);
+- the reviewer's queue of flagged requests, capped at ``max_review_items`` (oldest
+  dropped first); an item's prompt text, when a policy keeps it, expires on its own;
 - token buckets for tenants' rates (``token_bucket``): shared by replicas with Redis.
 
 Invariants:
@@ -38,11 +40,16 @@ class StateUnavailable(RuntimeError):
     """The backend cannot be reached; callers keep their last good view."""
 
 
+class StateConflict(RuntimeError):
+    """A document changed since the caller read it (``put_document(expected_version=)``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateLimits:
     max_workers: int = 1024
     max_audit_entries: int = 10_000
     max_document_bytes: int = 256 * 1024
+    max_review_items: int = 10_000
     # Memory backend only (Redis expires a bucket once it would be full again).
     max_buckets: int = 100_000
 
@@ -102,8 +109,12 @@ class ControlState(abc.ABC):
     async def targets(self) -> dict[str, PoolTargets]: ...
 
     @abc.abstractmethod
-    async def put_document(self, name: str, value: dict[str, Any]) -> int:
-        """Store a config document whole; returns its new version (1, 2, ...)."""
+    async def put_document(
+        self, name: str, value: dict[str, Any], *, expected_version: int | None = None
+    ) -> int:
+        """Store a config document whole; returns its new version (1, 2, ...). With
+        ``expected_version`` (0: absent), raise ``StateConflict`` unless the stored
+        version is that one, atomically across replicas."""
 
     @abc.abstractmethod
     async def document(self, name: str) -> tuple[int, dict[str, Any]] | None: ...
@@ -117,6 +128,20 @@ class ControlState(abc.ABC):
     @abc.abstractmethod
     async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
         """The newest ``limit`` entries, oldest first."""
+
+    @abc.abstractmethod
+    async def add_review(
+        self, item: dict[str, Any], *, text: str | None, text_ttl_s: float
+    ) -> None:
+        """Queue a flagged item (its ``id`` unique); ``text`` is kept ``text_ttl_s``."""
+
+    @abc.abstractmethod
+    async def review_items(self, *, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` items, oldest first; ``text`` on those still keeping it."""
+
+    @abc.abstractmethod
+    async def update_review(self, item_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge ``changes`` into an item; None when it is unknown (or dropped)."""
 
     @abc.abstractmethod
     async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:

@@ -15,6 +15,7 @@ from router.state.base import (
     Change,
     ControlState,
     PoolTargets,
+    StateConflict,
     StateFull,
     StateLimits,
 )
@@ -33,6 +34,8 @@ class MemoryState(ControlState):
         self._targets: dict[str, PoolTargets] = {}
         self._documents: dict[str, tuple[int, dict[str, Any]]] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=limits.max_audit_entries)
+        self._review: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._review_text: dict[str, tuple[float, str]] = {}  # id -> (expires, text)
         self._subscribers: list[asyncio.Queue[Change | None]] = []
         # Least recently used first; dropping one that is not yet full lets its tenant
         # burst early, which only happens past max_buckets live tenants.
@@ -71,9 +74,14 @@ class MemoryState(ControlState):
     async def targets(self) -> dict[str, PoolTargets]:
         return dict(self._targets)
 
-    async def put_document(self, name: str, value: dict[str, Any]) -> int:
+    async def put_document(
+        self, name: str, value: dict[str, Any], *, expected_version: int | None = None
+    ) -> int:
         _check_size(value, self.limits)
-        version = self._documents.get(name, (0, {}))[0] + 1
+        current = self._documents.get(name, (0, {}))[0]
+        if expected_version is not None and current != expected_version:
+            raise StateConflict(f"{name} is at version {current}, not {expected_version}")
+        version = current + 1
         self._documents[name] = (version, json.loads(json.dumps(value)))  # a copy, as stored
         self._announce(Change("config", name))
         return version
@@ -89,6 +97,34 @@ class MemoryState(ControlState):
 
     async def audit(self, *, limit: int = 100) -> list[AuditEntry]:
         return list(self._audit)[-limit:] if limit > 0 else []
+
+    async def add_review(
+        self, item: dict[str, Any], *, text: str | None, text_ttl_s: float
+    ) -> None:
+        self._review[item["id"]] = json.loads(json.dumps(item))
+        if text is not None:
+            self._review_text[item["id"]] = (self._clock() + text_ttl_s, text)
+        while len(self._review) > self.limits.max_review_items:
+            dropped, _ = self._review.popitem(last=False)
+            self._review_text.pop(dropped, None)
+
+    async def review_items(self, *, limit: int) -> list[dict[str, Any]]:
+        now = self._clock()
+        for item_id in [i for i, (expires, _) in self._review_text.items() if expires <= now]:
+            del self._review_text[item_id]
+        newest = list(self._review.values())[-limit:] if limit > 0 else []
+        return [
+            {**item, "text": self._review_text[item["id"]][1]}
+            if item["id"] in self._review_text else dict(item)
+            for item in newest
+        ]  # fmt: skip
+
+    async def update_review(self, item_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        item = self._review.get(item_id)
+        if item is None:
+            return None
+        item.update(json.loads(json.dumps(changes)))
+        return dict(item)
 
     async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:
         level, wait_s = take(self._buckets.pop(bucket, None), cost, rate, self._clock())

@@ -7,6 +7,8 @@ Keys under ``prefix`` (default ``pdserve``):
 - ``doc`` and ``docver``: hashes name -> document JSON, and name -> version, written in
   one MULTI so a version always matches its document;
 - ``audit``: a list, RPUSH then LTRIM in one MULTI (capped);
+- ``review``: a hash id -> flagged item, ``reviewq`` the ids oldest first (capped by one
+  Lua script that drops the oldest), ``reviewtext:<id>`` a kept prompt, with its TTL;
 - channel ``changes``: ``kind:key`` for every write;
 - ``bucket:<name>``: a token bucket (tokens, at), taken from by one Lua script on the
   server's clock (replicas' clocks never meet), expiring once it would be full again.
@@ -33,6 +35,7 @@ from router.state.base import (
     Change,
     ControlState,
     PoolTargets,
+    StateConflict,
     StateFull,
     StateLimits,
     StateUnavailable,
@@ -62,6 +65,27 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / refill * 1000) + 1000)
 return tostring(wait)
 """
 
+# put_document with expected_version: compare and set in one step. Returns the new
+# version, or -1 - the current one on a conflict.
+_PUT_IF = """
+local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if ARGV[3] ~= '' and current ~= tonumber(ARGV[3]) then return -1 - current end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+"""
+
+# add_review: queue the item, then drop the oldest past the cap (and their texts).
+_ADD_REVIEW = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+while redis.call('LLEN', KEYS[2]) > tonumber(ARGV[3]) do
+  local dropped = redis.call('LPOP', KEYS[2])
+  redis.call('HDEL', KEYS[1], dropped)
+  redis.call('DEL', ARGV[4] .. dropped)
+end
+return 1
+"""
+
 
 class RedisState(ControlState):
     def __init__(
@@ -81,6 +105,8 @@ class RedisState(ControlState):
         )  # fmt: skip
         self._closed = asyncio.Event()
         self._take_script = self._redis.register_script(_TAKE_TOKENS)
+        self._put_if_script = self._redis.register_script(_PUT_IF)
+        self._add_review_script = self._redis.register_script(_ADD_REVIEW)
 
     def __repr__(self) -> str:
         return f"RedisState({self._url!r}, prefix={self._prefix!r})"
@@ -145,14 +171,18 @@ class RedisState(ControlState):
         stored = await self._call(self._redis.hgetall(self._key("targets")))
         return {model: PoolTargets(**json.loads(value)) for model, value in stored.items()}
 
-    async def put_document(self, name: str, value: dict[str, Any]) -> int:
+    async def put_document(
+        self, name: str, value: dict[str, Any], *, expected_version: int | None = None
+    ) -> int:
         payload = _sized(value, self.limits)
-        async with self._redis.pipeline(transaction=True) as multi:
-            multi.hincrby(self._key("docver"), name, 1)
-            multi.hset(self._key("doc"), name, payload)
-            version, _ = await self._call(multi.execute())
+        expected = "" if expected_version is None else str(expected_version)
+        version = int(await self._call(self._put_if_script(
+            keys=[self._key("docver"), self._key("doc")], args=[name, payload, expected],
+        )))  # fmt: skip
+        if version < 0:
+            raise StateConflict(f"{name} is at version {-1 - version}, not {expected_version}")
         await self._announce(Change("config", name))
-        return int(version)
+        return version
 
     async def document(self, name: str) -> tuple[int, dict[str, Any]] | None:
         async with self._redis.pipeline(transaction=True) as multi:
@@ -185,6 +215,42 @@ class RedisState(ControlState):
             return []
         stored = await self._call(self._redis.lrange(self._key("audit"), -limit, -1))
         return [AuditEntry(**json.loads(item)) for item in stored]
+
+    async def add_review(
+        self, item: dict[str, Any], *, text: str | None, text_ttl_s: float
+    ) -> None:
+        await self._call(self._add_review_script(
+            keys=[self._key("review"), self._key("reviewq")],
+            args=[item["id"], json.dumps(item), self.limits.max_review_items,
+                  self._key("reviewtext", "")],
+        ))  # fmt: skip
+        if text is not None:
+            ttl_ms = max(1, int(text_ttl_s * 1000))
+            await self._call(self._redis.set(self._key("reviewtext", item["id"]), text, px=ttl_ms))
+
+    async def review_items(self, *, limit: int) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        ids = await self._call(self._redis.lrange(self._key("reviewq"), -limit, -1))
+        if not ids:
+            return []
+        items = await self._call(self._redis.hmget(self._key("review"), ids))
+        texts = await self._call(self._redis.mget([self._key("reviewtext", i) for i in ids]))
+        found = []
+        for payload, text in zip(items, texts, strict=True):
+            if payload is not None:
+                item = json.loads(payload)
+                found.append(item if text is None else {**item, "text": text})
+        return found
+
+    async def update_review(self, item_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        # A lost race between two reviewers marking one item keeps the last mark: fine.
+        payload = await self._call(self._redis.hget(self._key("review"), item_id))
+        if payload is None:
+            return None
+        item = {**json.loads(payload), **changes}
+        await self._call(self._redis.hset(self._key("review"), item_id, json.dumps(item)))
+        return item
 
     async def take_tokens(self, bucket: str, cost: float, rate: BucketRate) -> float:
         wait = await self._call(self._take_script(

@@ -9,12 +9,22 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from localrun.redis_server import running_redis
-from router.state.base import AuditEntry, Change, ControlState, PoolTargets, StateFull, StateLimits
+from router.state.base import (
+    AuditEntry,
+    Change,
+    ControlState,
+    PoolTargets,
+    StateConflict,
+    StateFull,
+    StateLimits,
+)
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 from router.token_bucket import BucketRate
 
-LIMITS = StateLimits(max_workers=3, max_audit_entries=5, max_document_bytes=1024)
+LIMITS = StateLimits(
+    max_workers=3, max_audit_entries=5, max_document_bytes=1024, max_review_items=3
+)
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +188,30 @@ async def test_replicas_share_one_bucket(redis_url: str):
     finally:
         await one.close()
         await two.close()
+
+
+async def test_a_document_written_against_a_stale_version_is_refused(state: ControlState):
+    assert await state.put_document("routes", {"a": 1}, expected_version=0) == 1
+    with pytest.raises(StateConflict):
+        await state.put_document("routes", {"a": 2}, expected_version=0)
+    assert await state.put_document("routes", {"a": 3}, expected_version=1) == 2
+    with pytest.raises(StateConflict):
+        await state.put_document("routes", {"a": 4}, expected_version=1)
+    assert await state.document("routes") == (2, {"a": 3})
+
+
+async def test_review_items_are_capped_marked_and_their_text_expires(state: ControlState):
+    for n in range(4):
+        await state.add_review({"id": f"r{n}", "check": "c"}, text=None, text_ttl_s=1)
+    assert [i["id"] for i in await state.review_items(limit=10)] == ["r1", "r2", "r3"]
+    assert await state.update_review("r2", {"mark": "harmful"}) == {
+        "id": "r2", "check": "c", "mark": "harmful"
+    }
+    assert await state.update_review("r0", {"mark": "x"}) is None  # dropped by the cap
+    await state.add_review({"id": "kept"}, text="the prompt", text_ttl_s=0.2)
+    assert (await state.review_items(limit=1))[0]["text"] == "the prompt"
+    if isinstance(state, MemoryState):
+        state._clock = lambda: float("inf")  # noqa: SLF001 - the memory backend's clock
+    else:
+        await asyncio.sleep(0.4)  # Redis expires on the server's clock
+    assert "text" not in (await state.review_items(limit=1))[0]

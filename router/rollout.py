@@ -1,0 +1,212 @@
+"""The model registry and the routes, as this replica sees them, and where a request goes.
+
+Two shared documents hold the truth (``router.state``): ``model_registry`` (model id ->
+version -> ``RegisteredArtifact``) and ``routes`` (model id -> its ``RouteSpec`` and the
+reviewers' decisions). Every replica follows them (``load``); a change is validated
+against the registry here, then written with compare-and-set, so two replicas' changes
+never interleave and a refused change leaves the old route in force.
+
+Placement: a model without a route is served by all its workers, whatever version they
+report. With a route, a request lands on ``canary`` when a hash of the model id and its
+stickiness key falls under the canary's weight, else on ``prod``: a given key always lands
+on the same side, and a share of the keys equal to the weight lands on the canary. A
+request without its key (no API key, no ``user``, no header) is placed by its request id.
+Shadowing is drawn per request, at the shadow's sample rate.
+
+Invariants: versions are immutable once registered; a route names registered versions
+only; ``prod``, ``canary`` and ``shadow`` are distinct.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contracts.rollout import Approval, ModelArtifact, RegisteredArtifact, RouteSpec
+from contracts.workers import WorkerRegistration
+from router.errors import InvalidRequest
+from router.http_io import parsed
+
+REGISTRY_DOCUMENT = "model_registry"
+ROUTES_DOCUMENT = "routes"
+_URI_SCHEMES = ("hf://", "s3://", "gs://", "https://", "http://")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    stage: str  # prod, canary (or shadow, for a mirrored copy)
+    version: str | None  # None: no route, any version
+
+
+NO_ROUTE = Placement("prod", None)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteState:
+    spec: RouteSpec
+    approvals: Mapping[str, Mapping[str, Any]]  # version -> {decision, by, at_unix_s, note}
+
+    def approved(self, version: str) -> bool:
+        return self.approvals.get(version, {}).get("decision") == "approve"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec.model_dump(mode="json"), "approvals": dict(self.approvals)}
+
+
+class Rollout:
+    """This replica's copy of the registry and routes; pure (no I/O), clock-free."""
+
+    def __init__(self, *, rng: random.Random | None = None) -> None:
+        self._artifacts: dict[str, dict[str, RegisteredArtifact]] = {}
+        self._routes: dict[str, RouteState] = {}
+        self.registry_version = 0
+        self.routes_version = 0
+        self._rng = rng or random.Random()
+
+    def __repr__(self) -> str:
+        return f"Rollout(models={len(self._artifacts)}, routes={sorted(self._routes)})"
+
+    # -- following the shared documents -----------------------------------------
+
+    def load_registry(self, version: int, document: Mapping[str, Any]) -> None:
+        self._artifacts = {
+            model_id: {v: RegisteredArtifact.model_validate(a) for v, a in versions.items()}
+            for model_id, versions in document.items()
+        }
+        self.registry_version = version
+
+    def load_routes(self, version: int, document: Mapping[str, Any]) -> None:
+        self._routes = {
+            model_id: RouteState(RouteSpec.model_validate(r["spec"]), r.get("approvals", {}))
+            for model_id, r in document.items()
+        }
+        self.routes_version = version
+
+    # -- reads ---------------------------------------------------------------------
+
+    def artifacts(self) -> list[RegisteredArtifact]:
+        return [a for versions in self._artifacts.values() for a in versions.values()]
+
+    def artifact(self, model_id: str, version: str) -> RegisteredArtifact | None:
+        return self._artifacts.get(model_id, {}).get(version)
+
+    def route(self, model_id: str) -> RouteState | None:
+        return self._routes.get(model_id)
+
+    def routes(self) -> dict[str, RouteState]:
+        return dict(self._routes)
+
+    # -- placement (the request path) ----------------------------------------------
+
+    def place(self, model_id: str, sticky_key: str | None, request_id: str) -> Placement:
+        route = self._routes.get(model_id)
+        if route is None:
+            return NO_ROUTE
+        canary = route.spec.canary
+        key = sticky_key or request_id
+        if canary is not None and share_of(model_id, key) < canary.weight:
+            return Placement("canary", canary.version)
+        return Placement("prod", route.spec.prod)
+
+    def shadow_for(self, model_id: str) -> str | None:
+        route = self._routes.get(model_id)
+        shadow = None if route is None else route.spec.shadow
+        if shadow is None or self._rng.random() >= shadow.sample_rate:
+            return None
+        return shadow.version
+
+    # -- changes (validated whole; the caller writes the returned document) --------
+
+    def registered(self, artifact: ModelArtifact, *, by: str, at_unix_s: float) -> dict[str, Any]:
+        """The registry document with ``artifact`` added; an identical re-registration is
+        a no-op, a different one under a registered version is refused."""
+        existing = self.artifact(artifact.model_id, artifact.version)
+        fields = set(ModelArtifact.model_fields)
+        if existing is not None:
+            if existing.model_dump(include=fields) != artifact.model_dump():
+                raise InvalidRequest(
+                    f"{artifact.model_id} version {artifact.version!r} is registered with other "
+                    "contents; versions are immutable: register a new version",
+                    param="version", code="version_immutable",
+                )  # fmt: skip
+        else:
+            _check_artifact_exists(artifact.artifact)
+        document = self._registry_document()
+        record = RegisteredArtifact(
+            **artifact.model_dump(), registered_at_unix_s=at_unix_s, registered_by=by
+        )
+        if existing is None:
+            document.setdefault(artifact.model_id, {})[artifact.version] = record.model_dump()
+        return document
+
+    def routed(self, model_id: str, body: Any) -> tuple[RouteSpec, dict[str, Any]]:
+        """Validate a route for ``model_id``; returns it and the routes document with it."""
+        spec = parsed(RouteSpec, body)
+        for stage, version in spec.versions().items():
+            if self.artifact(model_id, version) is None:
+                raise InvalidRequest(
+                    f"{model_id} has no registered version {version!r} (for {stage}); "
+                    "register it with POST /admin/v1/models first",
+                    param=stage if stage == "prod" else f"{stage}.version",
+                    code="unknown_version",
+                )  # fmt: skip
+        current = self._routes.get(model_id)
+        approvals = dict(current.approvals) if current else {}
+        return spec, self._routes_document({model_id: RouteState(spec, approvals)})
+
+    def without_route(self, model_id: str) -> dict[str, Any]:
+        document = self._routes_document({})
+        document.pop(model_id, None)
+        return document
+
+    def with_route(self, model_id: str, route: RouteState) -> dict[str, Any]:
+        return self._routes_document({model_id: route})
+
+    def check_worker(self, registration: WorkerRegistration) -> None:
+        """A worker of a registered model must serve one of its registered versions."""
+        versions = self._artifacts.get(registration.model)
+        if not versions:
+            return
+        if registration.model_version not in versions:
+            raise InvalidRequest(
+                f"worker {registration.worker_id} serves {registration.model} version "
+                f"{registration.model_version!r}, which is not registered "
+                f"(registered: {sorted(versions)})",
+                param="model_version", code="unknown_version",
+            )  # fmt: skip
+
+    def _registry_document(self) -> dict[str, Any]:
+        return {
+            model_id: {v: a.model_dump() for v, a in versions.items()}
+            for model_id, versions in self._artifacts.items()
+        }
+
+    def _routes_document(self, replaced: Mapping[str, RouteState]) -> dict[str, Any]:
+        routes = {**self._routes, **replaced}
+        return {model_id: route.as_dict() for model_id, route in routes.items()}
+
+
+def share_of(model_id: str, key: str) -> float:
+    """Where a key falls in [0, 1) for a model: stable across replicas and restarts."""
+    digest = hashlib.blake2b(f"{model_id}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def approval_record(approval: Approval, *, by: str, at_unix_s: float) -> dict[str, Any]:
+    return {"decision": approval.decision, "by": by, "at_unix_s": at_unix_s,
+            "note": approval.note}  # fmt: skip
+
+
+def _check_artifact_exists(location: str) -> None:
+    if location.startswith(_URI_SCHEMES):
+        return  # fetched by the workers that load it; the router cannot see it
+    if not Path(location).exists():
+        raise InvalidRequest(
+            f"artifact {location!r} does not exist on the router's host (a local path must "
+            f"exist; remote ones start with one of {', '.join(_URI_SCHEMES)})",
+            param="artifact", code="artifact_missing",
+        )  # fmt: skip
