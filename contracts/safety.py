@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 Action = Literal["block", "flag"]
 Direction = Literal["input", "output"]
@@ -53,7 +53,7 @@ class PatternCheck(_Check):
             if len(pattern) > 1000:
                 raise ValueError("a pattern is over 1000 characters")
             try:
-                re.compile(pattern)
+                re.compile(pattern, re.IGNORECASE)
             except re.error as error:
                 raise ValueError(f"pattern {pattern[:60]!r} does not compile: {error}") from None
         return patterns
@@ -73,7 +73,17 @@ class HookCheck(_Check):
     on_failure: Literal["open", "closed"] = "open"
 
 
-SafetyCheck = Annotated[PatternCheck | HookCheck, Field(discriminator="kind")]
+def _kind(value: object) -> str:
+    if isinstance(value, dict):
+        return str(value.get("kind", "patterns"))
+    return str(getattr(value, "kind", "patterns"))
+
+
+# ``kind`` may be left out for a pattern check.
+SafetyCheck = Annotated[
+    Annotated[PatternCheck, Tag("patterns")] | Annotated[HookCheck, Tag("http")],
+    Discriminator(_kind),
+]
 
 
 class SafetyPolicy(BaseModel):

@@ -117,8 +117,10 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         served = plan.served_name
         if role == "colocated" and plan.colocated_served_name:
             served = plan.colocated_served_name
-        name = f"{role}-{roles[:index].count(role)}"
         model_path, version = sources[index]
+        earlier = sum(1 for r, s in zip(roles[:index], sources, strict=False)
+                      if r == role and s[1] == version)  # fmt: skip
+        name = f"{role}-{earlier}"
         if version != plan.model_version:
             served, name = plan.served_name, f"{version}-{name}"
         engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
@@ -276,7 +278,10 @@ class LocalCluster:
             "launcher_pid": os.getpid(),
             "router_pid": self.router.pid if self.router else None,
             "admin_token_file": str(token_file),
-            "workers": [dict(asdict(w), agent_pid=self.agents[w.name].pid) for w in self.workers],
+            "workers": [
+                dict(asdict(w), model_path=str(w.model_path), agent_pid=self.agents[w.name].pid)
+                for w in self.workers
+            ],
         }, indent=2))  # fmt: skip
 
 

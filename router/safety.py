@@ -47,12 +47,14 @@ class Hit:
         )  # fmt: skip
 
 
-def _compiled(check: PatternCheck) -> re.Pattern[str] | None:
-    parts = [f"(?:{p})" for p in check.patterns]
+def _compiled(check: PatternCheck) -> list[re.Pattern[str]]:
+    """Each pattern on its own (a pattern may carry its own inline flags), and the
+    blocklist as one alternation of whole words."""
+    compiled = [re.compile(pattern, re.IGNORECASE) for pattern in check.patterns]
     if check.blocklist:
         words = "|".join(re.escape(word.strip()) for word in check.blocklist)
-        parts.append(rf"(?<!\w)(?:{words})(?!\w)")
-    return re.compile("|".join(parts), re.IGNORECASE) if parts else None
+        compiled.append(re.compile(rf"(?<!\w)(?:{words})(?!\w)", re.IGNORECASE))
+    return compiled
 
 
 HookCaller = Callable[[HookCheck, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -65,10 +67,9 @@ class Screen:
         self.policy = policy
         self._model = model
         self._call_hook = call_hook
-        self._patterns: list[tuple[PatternCheck, re.Pattern[str]]] = [
-            (check, pattern) for check in policy.checks
-            if isinstance(check, PatternCheck) and (pattern := _compiled(check)) is not None
-        ]  # fmt: skip
+        self._patterns: list[tuple[PatternCheck, list[re.Pattern[str]]]] = [
+            (check, _compiled(check)) for check in policy.checks if isinstance(check, PatternCheck)
+        ]
 
     def __repr__(self) -> str:
         return f"Screen({self._model}, checks={len(self.policy.checks)})"
@@ -79,8 +80,8 @@ class Screen:
     def pattern_hits(self, direction: Direction, text: str) -> list[Hit]:
         return [
             Hit(check.name, check.category, check.action, direction, "matched")
-            for check, pattern in self._patterns
-            if check.applies(direction) and pattern.search(text)
+            for check, patterns in self._patterns
+            if check.applies(direction) and any(p.search(text) for p in patterns)
         ]
 
     async def hook_hits(self, direction: Direction, text: str) -> list[Hit]:

@@ -205,13 +205,15 @@ async def test_review_items_are_capped_marked_and_their_text_expires(state: Cont
         await state.add_review({"id": f"r{n}", "check": "c"}, text=None, text_ttl_s=1)
     assert [i["id"] for i in await state.review_items(limit=10)] == ["r1", "r2", "r3"]
     assert await state.update_review("r2", {"mark": "harmful"}) == {
-        "id": "r2", "check": "c", "mark": "harmful"
+        "id": "r2",
+        "check": "c",
+        "mark": "harmful",
     }
     assert await state.update_review("r0", {"mark": "x"}) is None  # dropped by the cap
     await state.add_review({"id": "kept"}, text="the prompt", text_ttl_s=0.2)
     assert (await state.review_items(limit=1))[0]["text"] == "the prompt"
     if isinstance(state, MemoryState):
-        state._clock = lambda: float("inf")  # noqa: SLF001 - the memory backend's clock
+        state._clock = lambda: float("inf")  # the memory backend's clock
     else:
         await asyncio.sleep(0.4)  # Redis expires on the server's clock
     assert "text" not in (await state.review_items(limit=1))[0]
