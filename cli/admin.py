@@ -1,4 +1,5 @@
-"""``pdserve admin``: the SRE's admin API from a terminal (pools, ratio, drain, audit).
+"""``pdserve admin``: the SRE's admin API from a terminal: pools, ratio, drain, audit, and
+versions in production (models, route, promote, rollback, approve, review).
 
 The router URL and token come from flags, else ``PDSERVE_ROUTER_URL`` and
 ``PDSERVE_ADMIN_TOKEN``, else the newest run folder ``pdserve up`` wrote.
@@ -15,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from modelstore.checksum import folder_checksum
 
 RUNS = Path(".pdserve") / "runs"
 
@@ -35,6 +38,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action.add_argument("worker")
     audit = actions.add_parser("audit", help="who changed what, and how it ended")
     audit.add_argument("--limit", type=int, default=50)
+    _add_rollout_actions(actions)
+
+
+def _add_rollout_actions(actions: argparse._SubParsersAction) -> None:
+    models = actions.add_parser("models", help="registered versions, or register one")
+    models.add_argument("--register", nargs=2, metavar=("MODEL_ID", "VERSION"))
+    models.add_argument("--artifact", help="folder or URI of the version to register")
+    models.add_argument("--max-context", type=int, default=4096)
+    models.add_argument("--tokenizer", help="default: the artifact")
+    models.add_argument("--checksum", help="sha256:<hex>; default: computed from the folder")
+    route = actions.add_parser("route", help="show a model's route, or change its stages")
+    route.add_argument("model")
+    route.add_argument("--prod", help="the prod version (default: unchanged)")
+    route.add_argument("--canary", help="a canary version")
+    route.add_argument("--weight", type=float, default=0.1, help="the canary's share")
+    route.add_argument("--sticky", choices=["api_key", "user", "header"], default="api_key")
+    route.add_argument("--shadow", help="a shadow version")
+    route.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored")
+    route.add_argument("--require-approval", action="store_true")
+    for name, text in (("promote", "make the canary prod (gate, approval)"),
+                       ("rollback", "drop the canary")):  # fmt: skip
+        actions.add_parser(name, help=text).add_argument("model")
+    approve = actions.add_parser("approve", help="(reviewer) approve or refuse a version")
+    approve.add_argument("model")
+    approve.add_argument("version")
+    approve.add_argument("--refuse", action="store_true")
+    approve.add_argument("--note", default="")
+    review = actions.add_parser("review", help="(reviewer) flagged requests; --mark to mark one")
+    review.add_argument("--limit", type=int, default=50)
+    review.add_argument("--mark", nargs=2, metavar=("ITEM_ID", "MARK"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -46,11 +79,64 @@ def main(args: argparse.Namespace) -> int:
         return _change_ratio(call, args)
     elif args.action in ("drain", "undrain"):
         print(json.dumps(call("POST", f"/admin/v1/workers/{args.worker}/{args.action}")))
-    else:
+    elif args.action == "audit":
         for e in call("GET", f"/admin/v1/audit?limit={args.limit}")["entries"]:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at_unix_s"]))
             print(f"{when}  {e['actor']:<12} {e['action']:<12} {e['target']:<24} {e['outcome']}")
+    else:
+        print(json.dumps(rollout_action(call, args), indent=2))
     return 0
+
+
+def rollout_action(call: Caller, args: argparse.Namespace) -> Any:
+    route = f"/admin/v1/routes/{getattr(args, 'model', '')}"
+    if args.action == "models":
+        if args.register:
+            return call("POST", "/admin/v1/models", _artifact(args))
+        return call("GET", "/admin/v1/models")
+    if args.action == "route":
+        if not any((args.prod, args.canary, args.shadow)):
+            return call("GET", route)
+        return call("PUT", route, _route_body(call, route, args))
+    if args.action in ("promote", "rollback"):
+        return call("POST", f"{route}/{args.action}")
+    if args.action == "approve":
+        decision = "refuse" if args.refuse else "approve"
+        return call("POST", f"{route}/approve",
+                    {"version": args.version, "decision": decision, "note": args.note})  # fmt: skip
+    if args.mark:
+        return call("POST", f"/admin/v1/review/{args.mark[0]}", {"mark": args.mark[1]})
+    return call("GET", f"/admin/v1/review?limit={args.limit}")
+
+
+def _route_body(call: Caller, route: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The current route with the flags' changes (a new route needs ``--prod``)."""
+    current: dict[str, Any] = {}
+    if not args.prod:
+        current = call("GET", route)["spec"]
+    body = {**current, "prod": args.prod or current.get("prod")}
+    if args.canary:
+        body["canary"] = {"version": args.canary, "weight": args.weight, "stickiness": args.sticky}
+    if args.shadow:
+        body["shadow"] = {"version": args.shadow, "sample_rate": args.sample_rate}
+    if args.require_approval:
+        body["requires_approval"] = True
+    return body
+
+
+def _artifact(args: argparse.Namespace) -> dict[str, Any]:
+    model_id, version = args.register
+    if not args.artifact:
+        raise SystemExit("--register needs --artifact (a folder or URI)")
+    checksum = args.checksum
+    if checksum is None:
+        try:
+            checksum = folder_checksum(Path(args.artifact))
+        except FileNotFoundError as error:
+            raise SystemExit(str(error)) from None
+    return {"model_id": model_id, "version": version, "artifact": args.artifact,
+            "max_context": args.max_context, "tokenizer": args.tokenizer or args.artifact,
+            "checksum": checksum}  # fmt: skip
 
 
 class Caller:

@@ -24,6 +24,7 @@ TENANTS = {
     "capped": {"keys": ["key-capped"], "max_prompt_tokens": 300, "max_output_tokens": 16},
     "slow": {"keys": ["key-slow"], "rpm": 2},
     "open": {"keys": ["key-open"]},
+    "narrow": {"keys": ["key-narrow"], "models": ["some-other-model"]},
 }
 
 
@@ -145,3 +146,15 @@ def test_admitted_requests_export_their_predicted_ttft(cluster):
     samples = scrape(cluster.router_url + "/metrics")
     assert total(samples, "pdserve_predicted_ttft_seconds_count") > 0
     assert total(samples, "pdserve_prefill_queue_limit_tokens") > 0
+
+
+def test_a_tenant_may_use_only_its_allowed_models_and_lists_only_those(cluster):
+    before = engine_prompt_tokens(cluster)
+    refused = post(cluster, {"prompt": "hello", "max_tokens": 1}, key="key-narrow")
+    assert_openai_error(refused, 403, "model_not_allowed")
+    assert refused.json()["error"]["param"] == "model"
+    assert engine_prompt_tokens(cluster) == before
+    listed = httpx.get(cluster.router_url + "/v1/models",
+                       headers={"Authorization": "Bearer key-narrow"}).json()["data"]  # fmt: skip
+    assert listed == []
+    assert post(cluster, {"prompt": "hello", "max_tokens": 1}).status_code == 200

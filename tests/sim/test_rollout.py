@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -274,3 +276,30 @@ def test_a_kept_prompt_is_shown_to_reviewers(cluster):
     items = admin(cluster, "GET", "/admin/v1/review", token=REVIEWER).json()["items"]
     (item,) = [i for i in items if i["request_id"] == "flag-me-2"]
     assert item["text"] == "another suspicious one"
+
+
+def pdserve_admin(cluster: LocalCluster, token: str, *argv: str) -> object:
+    ran = subprocess.run(
+        [sys.executable, "-m", "cli.main", "admin", "--router-url", cluster.router_url,
+         "--token", token, *argv],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(ran.stdout)
+
+
+def test_the_admin_cli_registers_routes_rolls_back_and_reviews(cluster):
+    folder = str(tiny_llama.ensure())
+    registered = pdserve_admin(cluster, OPERATOR, "models", "--register", "cli-model", "c1",
+                               "--artifact", folder)  # fmt: skip
+    assert registered["checksum"].startswith("sha256:") and registered["registered_by"] == "ops"
+    again = pdserve_admin(cluster, OPERATOR, "models", "--register", "cli-model", "c1",
+                          "--artifact", folder)  # fmt: skip
+    assert again["checksum"] == registered["checksum"]  # the folder's checksum is stable
+    changed = pdserve_admin(cluster, OPERATOR, "route", MODEL, "--canary", "v3", "--weight",
+                            "0.2", "--sticky", "user")  # fmt: skip
+    assert changed["spec"]["canary"] == {"version": "v3", "weight": 0.2, "stickiness": "user",
+                                         "sticky_header": None}  # fmt: skip
+    assert changed["spec"]["prod"] == "v2" and changed["spec"]["safety"]["keep_prompt"]
+    assert pdserve_admin(cluster, OPERATOR, "rollback", MODEL)["canary"] is None
+    items = pdserve_admin(cluster, REVIEWER, "review", "--limit", "5")["items"]
+    assert items and all("check" in item for item in items)
