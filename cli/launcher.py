@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.cluster import ClusterPlan, LocalCluster, VersionWorkers
 from modelstore.known import resolve
 
 
@@ -34,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="sim: GPU-free simulated engines with the same protocol")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for sims")
+    parser.add_argument(
+        "--model-version",
+        default=None,
+        help="the registered version the workers above serve (model registry)",
+    )
+    parser.add_argument("--version", action="append", default=[], metavar="VERSION=FOLDER",
+                        help="also one colocated worker serving another version of the model "
+                        "from FOLDER (a canary or shadow); repeatable")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,6 +64,8 @@ def main(args: argparse.Namespace) -> int:
             ready_timeout_s=args.ready_timeout_s,
             engine=args.engine,
             sim_profile=args.sim_profile,
+            model_version=args.model_version,
+            versions=tuple(_other_version(spec) for spec in args.version),
         )
     except ValueError as error:
         raise SystemExit(f"pdserve up: {error}") from None
@@ -81,6 +91,13 @@ def main(args: argparse.Namespace) -> int:
         _say("stopping: agents drain and stop their engines, then the router")
         cluster.stop()
         _say("stopped; no process left")
+
+
+def _other_version(spec: str) -> VersionWorkers:
+    version, _, folder = spec.partition("=")
+    if not version or not folder:
+        raise ValueError(f"--version wants VERSION=FOLDER, got {spec!r}")
+    return VersionWorkers(version=version, model_path=resolve(folder)[0])
 
 
 def _say(message: str) -> None:

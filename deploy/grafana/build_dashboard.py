@@ -29,6 +29,8 @@ def quantiles(metric: str, by: str, extra: str = "") -> list[tuple[str, str]]:
 PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ("Latency", "TTFT p50 / p99 by mode", "s",
      quantiles("pdserve_time_to_first_token_seconds", "mode")),
+    ("Latency", "TTFT p50 / p99 by route stage (prod, canary, shadow)", "s",
+     quantiles("pdserve_time_to_first_token_seconds", "route_stage")),
     ("Latency", "ITL p50 / p99, TPOT p99", "s",
      [*quantiles("pdserve_inter_token_latency_seconds", "model"),
       (f"histogram_quantile(0.99, sum by (le, model) "
@@ -68,6 +70,12 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
        f"sum by (model) (rate(pdserve_kv_transfers_total{M}[{RATE}]))", "mean seconds")]),
     ("KV and memory", "Preemptions per second (eviction storms)", "short",
      [(f"sum by (model, pool) (rate(pdserve_pool_preemptions_total{M}[{RATE}]))", "{{pool}}")]),
+    ("Rollout", "Canary rollbacks, shadow outcomes, safety hits", "short",
+     [(f"sum by (model) (increase(pdserve_canary_rollbacks_total{M}[1h]))",
+       "rollbacks 1h {{model}}"),
+      (f"sum by (outcome) (rate(pdserve_shadow_requests_total{M}[{RATE}]))", "shadow {{outcome}}"),
+      (f"sum by (direction, action) (rate(pdserve_safety_hits_total{M}[{RATE}]))",
+       "safety {{direction}} {{action}}")]),
     ("Cost and pools", "$ per 1M tokens (router's window)", "currencyUSD",
      [('pdserve_cost_usd_per_million_tokens{model=~"$model", pool="all"}',
        "{{direction}} {{model}}")]),

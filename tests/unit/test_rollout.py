@@ -188,3 +188,20 @@ def test_a_pattern_that_does_not_compile_is_refused_naming_it():
     with pytest.raises(ValueError, match="does not compile"):
         RouteSpec.model_validate({"prod": "v1", "safety": {"checks": [{"name": "p",
                                   "patterns": ["(unclosed"]}]}})  # fmt: skip
+
+
+def test_a_word_cut_by_the_lookback_does_not_match_as_a_word_of_its_own():
+    screen = Screen(policy(name="w", blocklist=["break"], applies_to="output"), model="m",
+                    call_hook=no_hook)  # fmt: skip
+    stream = StreamScreen(screen)
+    lookback = screen.policy.stream_lookback_chars
+    # The kept tail starts at "break" inside "jailbreak": not a word of its own.
+    assert stream.feed(sse("jailbreak " + "y" * (lookback - 6))) == []
+    assert stream.feed(sse(" and more")) == []
+    assert stream.feed(sse(" a break")) != []
+
+
+def test_blocklist_phrases_match_across_punctuation_and_spacing():
+    screen = Screen(policy(name="w", blocklist=["launch codes"]), model="m", call_hook=no_hook)
+    assert screen.pattern_hits("input", "the Launch,  CODES!")
+    assert not screen.pattern_hits("input", "launch the codes")
