@@ -176,7 +176,11 @@ class RolloutControl:
             if verdict.judged and not verdict.within:
                 why = "; ".join(verdict.breaches)
                 log.warning("canary of %s breaches its gate, rolling back: %s", model_id, why)
-                await self.rollback(model_id, GATE_ACTOR, why=why)
+                try:
+                    await self.rollback(model_id, GATE_ACTOR, why=why)
+                except APIError as error:  # another replica rolled it back first
+                    log.info("rollback of %s not needed: %s", model_id, error.message)
+                    continue
                 self._on_rollback(model_id)
                 rolled.append(model_id)
         return rolled

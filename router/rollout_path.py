@@ -18,7 +18,8 @@ from fastapi.responses import Response, StreamingResponse
 from contracts.logs import request_id_var
 from contracts.rollout import RouteSpec
 from contracts.safety import HookCheck
-from router.errors import sse_error_event
+from router.errors import APIError, sse_error_event
+from router.fan_out import split_choices
 from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.review import ReviewQueue
@@ -68,7 +69,7 @@ class RolloutPath:
         """Maybe mirror to the shadow (drawn at its sample rate); ``busy`` says whether
         the router or the shadow's engines are under load, which sheds the copy."""
         version = self._rollout.shadow_for(request.model)
-        if version is None:
+        if version is None or not _one_choice(request):
             return None
         return self.shadow.mirror(request, version, busy=busy(request, version))
 
@@ -191,6 +192,15 @@ def _sticky_key(
     # API key: the tenant's name (a digest for unnamed keys); anonymous callers share one
     # name, so they are placed per request instead.
     return None if request.tenant.name == "anonymous" else request.tenant.name
+
+
+def _one_choice(request: PreparedRequest) -> bool:
+    """Only requests for one choice are mirrored: a fan-out's copy would cost the shadow
+    several engine requests for one comparison."""
+    try:
+        return split_choices(request.body, chat=request.chat, max_choices=1) is None
+    except APIError:
+        return False
 
 
 def _placed(request: PreparedRequest, stage: str, version: str | None) -> PreparedRequest:

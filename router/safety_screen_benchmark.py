@@ -8,7 +8,7 @@ matching nothing), and measures the CPU per event at positions 1..N of the answe
 process, beside the cost of parsing the same event alone (what any relay that reads the
 text pays). Results: ``benchmarks/results/safety_screen.{json,png,md}``.
 
-    python -m benchmarks.safety_screen [--events 4000] [--repeats 5]
+    python -m router.safety_screen_benchmark [--events 4000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from contracts.safety import SafetyPolicy
 from router.safety import Screen, StreamScreen
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path("benchmarks/results")  # run from the repository root
 SERIES = (("parse only", 256, False), ("screen, lookback 64", 64, True),
           ("screen, lookback 256 (default)", 256, True), ("screen, lookback 1024", 1024, True))  # fmt: skip
 # Kept with every report: what the first run measured, before the blocklist changed.
@@ -120,7 +120,7 @@ def write(report: dict) -> None:
     figure.tight_layout()
     figure.savefig(RESULTS / "safety_screen.png", dpi=120)
     lines = ["# Safety screen: CPU per streamed event", "",
-             "`python -m benchmarks.safety_screen "
+             "`python -m router.safety_screen_benchmark "
              f"--events {report['events']} --repeats {report['repeats']}`", "",
              f"Policy: {report['policy']}. One token's text per event.", "",
              "| series | first 100 events | middle 100 | last 100 | p99 |", "|---|---|---|---|---|"]  # fmt: skip
