@@ -6,8 +6,8 @@
   promoted, and whether a reviewer must approve it first.
 
 Clients name a model id; the route picks the version. Versions never reach the client.
-Checks that need the registry (a version exists) live in ``router.rollout``; what a
-record alone can say wrong is refused here, naming the field.
+Checks that need the registry (a version exists) and the stages being distinct live in
+``router.rollout``; what a field alone can say wrong is refused here, naming the field.
 """
 
 from __future__ import annotations
@@ -110,14 +110,6 @@ class RouteSpec(BaseModel):
         False, description="promotion needs a reviewer's approval of the canary version"
     )
     safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
-
-    @model_validator(mode="after")
-    def _distinct_stages(self) -> RouteSpec:
-        if self.canary is not None and self.canary.version == self.prod:
-            raise ValueError("canary.version equals prod")
-        if self.shadow is not None and self.shadow.version == self.prod:
-            raise ValueError("shadow.version equals prod")
-        return self
 
     def versions(self) -> dict[str, str]:
         """stage -> version, for the stages set."""

@@ -146,6 +146,12 @@ class Rollout:
     def routed(self, model_id: str, body: Any) -> tuple[RouteSpec, dict[str, Any]]:
         """Validate a route for ``model_id``; returns it and the routes document with it."""
         spec = parsed(RouteSpec, body)
+        for stage in ("canary", "shadow"):
+            if spec.versions().get(stage) == spec.prod:
+                raise InvalidRequest(
+                    f"{stage}.version {spec.prod!r} is the prod version; a {stage} is another "
+                    "version", param=f"{stage}.version", code="stage_is_prod",
+                )  # fmt: skip
         for stage, version in spec.versions().items():
             if self.artifact(model_id, version) is None:
                 raise InvalidRequest(

@@ -25,8 +25,12 @@ from contracts.safety import SafetyPolicy
 from router.safety import Screen, StreamScreen
 
 RESULTS = Path("benchmarks/results")  # run from the repository root
-SERIES = (("parse only", 256, False), ("screen, lookback 64", 64, True),
-          ("screen, lookback 256 (default)", 256, True), ("screen, lookback 1024", 1024, True))  # fmt: skip
+SERIES = (
+    ("parse only", 256, False),
+    ("screen, lookback 64", 64, True),
+    ("screen, lookback 256 (default)", 256, True),
+    ("screen, lookback 1024", 1024, True),
+)
 # Kept with every report: what the first run measured, before the blocklist changed.
 HISTORY = """
 ## Earlier run (kept)
@@ -38,26 +42,42 @@ each scan of 256 characters (Python's `re` tries every word at every position). 
 blocklist is now a set lookup per word of the text (`router.safety.Blocklist`): the
 table above is the run after that change; the default lookback (256) was not changed.
 """
-PATTERNS = [r"\b\d{3}-\d{2}-\d{4}\b", r"(?i)api[_-]?key\s*[:=]", r"\b(?:\d[ -]*?){13,16}\b",
-            r"password\s*[:=]\s*\S+", r"BEGIN (?:RSA|OPENSSH) PRIVATE KEY",
-            r"(?i)\bkill (?:him|her|them)\b", r"[\w.+-]+@[\w-]+\.[\w.]+", r"(?i)\bjailbreak\b"]  # fmt: skip
+PATTERNS = [
+    r"\b\d{3}-\d{2}-\d{4}\b",
+    r"(?i)api[_-]?key\s*[:=]",
+    r"\b(?:\d[ -]*?){13,16}\b",
+    r"password\s*[:=]\s*\S+",
+    r"BEGIN (?:RSA|OPENSSH) PRIVATE KEY",
+    r"(?i)\bkill (?:him|her|them)\b",
+    r"[\w.+-]+@[\w-]+\.[\w.]+",
+    r"(?i)\bjailbreak\b",
+]
 
 
 def policy(lookback: int) -> SafetyPolicy:
     rng = random.Random(7)
     blocklist = ["".join(rng.choice("qxzjvkw") for _ in range(9)) for _ in range(1000)]
-    return SafetyPolicy.model_validate({
-        "checks": [{"name": "patterns", "patterns": PATTERNS, "applies_to": "output"},
-                   {"name": "words", "blocklist": blocklist, "applies_to": "output"}],
-        "stream_lookback_chars": lookback,
-    })  # fmt: skip
+    return SafetyPolicy.model_validate(
+        {
+            "checks": [
+                {"name": "patterns", "patterns": PATTERNS, "applies_to": "output"},
+                {"name": "words", "blocklist": blocklist, "applies_to": "output"},
+            ],
+            "stream_lookback_chars": lookback,
+        }
+    )
 
 
 def events(count: int) -> list[bytes]:
     rng = random.Random(3)
     words = ["the", " model", " answers", " with", " ordinary", " text", ",", " and", " more"]
-    chunk = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m",
-             "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}]}  # fmt: skip
+    chunk = {
+        "id": "cmpl-x",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}],
+    }
     out = []
     for _ in range(count):
         chunk["choices"][0]["text"] = rng.choice(words)
@@ -86,19 +106,25 @@ def per_event_us(feed: list[bytes], lookback: int, *, screened: bool) -> list[fl
 def run(count: int, repeats: int) -> dict:
     feed = events(count)
     buckets = [(0, 100), (count // 2 - 50, count // 2 + 50), (count - 100, count)]
-    report: dict = {"events": count, "repeats": repeats, "python": platform.python_version(),
-                    "policy": "8 regexes + 1,000-word blocklist, output, matching nothing",
-                    "series": {}}  # fmt: skip
+    report: dict = {
+        "events": count,
+        "repeats": repeats,
+        "python": platform.python_version(),
+        "policy": "8 regexes + 1,000-word blocklist, output, matching nothing",
+        "series": {},
+    }
     for name, lookback, screened in SERIES:
         runs = [per_event_us(feed, lookback, screened=screened) for _ in range(repeats)]
         per_event = [statistics.median(r[i] for r in runs) for i in range(count)]
         report["series"][name] = {
-            "median_us_by_position": {f"{a}-{b}": round(statistics.median(per_event[a:b]), 2)
-                                      for a, b in buckets},
+            "median_us_by_position": {
+                f"{a}-{b}": round(statistics.median(per_event[a:b]), 2) for a, b in buckets
+            },
             "p99_us": round(sorted(per_event)[int(0.99 * count)], 2),
-            "curve_us": [round(statistics.median(per_event[i:i + 50]), 2)
-                         for i in range(0, count, 50)],
-        }  # fmt: skip
+            "curve_us": [
+                round(statistics.median(per_event[i : i + 50]), 2) for i in range(0, count, 50)
+            ],
+        }
     return report
 
 
@@ -119,16 +145,25 @@ def write(report: dict) -> None:
     axis.legend()
     figure.tight_layout()
     figure.savefig(RESULTS / "safety_screen.png", dpi=120)
-    lines = ["# Safety screen: CPU per streamed event", "",
-             "`python -m router.safety_screen_benchmark "
-             f"--events {report['events']} --repeats {report['repeats']}`", "",
-             f"Policy: {report['policy']}. One token's text per event.", "",
-             "| series | first 100 events | middle 100 | last 100 | p99 |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Safety screen: CPU per streamed event",
+        "",
+        "`python -m router.safety_screen_benchmark "
+        f"--events {report['events']} --repeats {report['repeats']}`",
+        "",
+        f"Policy: {report['policy']}. One token's text per event.",
+        "",
+        "| series | first 100 events | middle 100 | last 100 | p99 |",
+        "|---|---|---|---|---|",
+    ]
     for name, series in report["series"].items():
         a, b, c = series["median_us_by_position"].values()
         lines.append(f"| {name} | {a} µs | {b} µs | {c} µs | {series['p99_us']} µs |")
-    lines += ["", "Per event, the cost follows the lookback, not the answer's length (first vs last "
-              "100 events)."]  # fmt: skip
+    lines += [
+        "",
+        "Per event, the cost follows the lookback, not the answer's length (first vs last "
+        "100 events).",
+    ]
     (RESULTS / "safety_screen.md").write_text("\n".join(lines) + "\n" + HISTORY)
 
 

@@ -97,7 +97,8 @@ def test_the_registry_holds_immutable_versions_and_routes_name_only_registered_o
     for body, param, code in (
         ({"prod": "v9"}, "prod", "unknown_version"),
         ({"prod": "v1", "canary": {"version": "v2", "weight": 1.5}}, "canary.weight", None),
-        ({"prod": "v1", "canary": {"version": "v1", "weight": 0.5}}, None, None),
+        ({"prod": "v1", "canary": {"version": "v1", "weight": 0.5}}, "canary.version",
+         "stage_is_prod"),
         ({"prod": "v1", "shadow": {"version": "v8", "sample_rate": 1}}, "shadow.version",
          "unknown_version"),
     ):  # fmt: skip

@@ -60,7 +60,7 @@ def test_without_a_route_any_version_serves(tmp_path: Path):
         ({"prod": "v9"}, "prod"),  # an unknown version
         ({"prod": "v1", "canary": {"version": "v2", "weight": 1.5}}, "canary.weight"),
         ({"prod": "v1", "canary": {"version": "v2", "weight": -0.1}}, "canary.weight"),
-        ({"prod": "v1", "canary": {"version": "v1", "weight": 0.5}}, None),  # canary == prod
+        ({"prod": "v1", "canary": {"version": "v1", "weight": 0.5}}, "canary.version"),
         ({"prod": "v1", "shadow": {"version": "v7", "sample_rate": 1}}, "shadow.version"),
         ({"prod": "v1", "colour": "red"}, "colour"),
     ],
@@ -70,8 +70,6 @@ def test_a_bad_route_is_refused_naming_the_field(tmp_path: Path, body: dict, par
     with pytest.raises(InvalidRequest) as refused:
         rollout.routed("m", body)
     assert refused.value.param == param
-    if param is None:
-        assert "canary.version equals prod" in refused.value.message
 
 
 def test_versions_are_immutable_and_artifacts_must_exist(tmp_path: Path):
