@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.engine_spec import EngineSpec, detect_device
+from agent.prefill_probe import measure_prefill
 from agent.reporter import RouterReporter
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
 from contracts.block_hashing import engine_hash_seed
 from contracts.logs import configure_logging
 from contracts.workers import WorkerRegistration, WorkerRole
 from kvtransfer.transport import KVRole, NixlTransport
+from modelstore.checksum import folder_checksum
 
 log = logging.getLogger("pdserve.agent")
 
@@ -159,6 +162,7 @@ def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerR
         role=role,
         model=spec.served_model_name,
         model_version=spec.model_version,
+        model_checksum=_checksum(spec),
         engine_url=f"http://{spec.host}:{spec.port}",
         kv_events_endpoint=spec.kv_events_subscribe_endpoint(),
         block_size=spec.resolved_block_size(),
@@ -169,6 +173,25 @@ def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerR
         max_model_len=spec.context_window(),
         accelerator=spec.accelerator(),
     )
+
+
+# The roles that prefill a request's prompt: the router predicts their TTFT.
+_FIRST_HOP = (WorkerRole.PREFILL, WorkerRole.COLOCATED)
+
+
+@functools.cache
+def _checksum_of(folder: str) -> str | None:
+    try:
+        return folder_checksum(Path(folder))
+    except OSError as error:
+        log.warning("cannot checksum %s: %s", folder, error)
+        return None
+
+
+def _checksum(spec: EngineSpec) -> str | None:
+    """With a registered version, what the router checks against the registry: read once
+    per agent (the engine reads the same files, so they are in the page cache)."""
+    return _checksum_of(spec.model_path) if spec.model_version else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +233,14 @@ class _Agent:
         supervisor: EngineSupervisor
 
         async def on_state(ready: bool) -> None:
+            if ready and reporter.registration.role in _FIRST_HOP:
+                probe = await measure_prefill(
+                    f"http://{spec.host}:{spec.port}", spec.served_model_name,
+                    max_model_len=spec.context_window(),
+                )  # fmt: skip
+                reporter.registration = reporter.registration.model_copy(
+                    update={"prefill_probe": probe}
+                )
             await reporter.set_ready(
                 ready, engine_pid=supervisor.pid, incarnation=supervisor.incarnation
             )

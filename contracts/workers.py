@@ -73,6 +73,9 @@ class WorkerRegistration(BaseModel):
     # The registered version of the model the engine loaded (``contracts.rollout``);
     # None for a worker outside the model registry.
     model_version: str | None = Field(default=None, max_length=128)
+    # The loaded folder's checksum (``modelstore.checksum``), sent with a version: the
+    # router refuses a worker whose files are not the registered artifact's.
+    model_checksum: str | None = Field(default=None, max_length=200)
     engine_url: str = Field(min_length=1, max_length=500, description="vLLM base URL")
     # Where a subscriber connects for the engine's KV events (tcp://HOST:PORT).
     kv_events_endpoint: str | None = Field(default=None, max_length=500)
@@ -89,6 +92,11 @@ class WorkerRegistration(BaseModel):
     # What the worker runs on, for the cost model's $/hour: "cpu", or the accelerator's
     # name ("nvidia-h100-80gb-hbm3"), lower case with dashes.
     accelerator: str = Field(default="cpu", min_length=1, max_length=100)
+
+    # (prompt tokens, seconds) of prompts the agent timed on the fresh engine, each with
+    # max_tokens=1 and no prefix hit (``agent.prefill_probe``): the router's TTFT
+    # predictor starts this worker's line from them. Empty: not measured.
+    prefill_probe: tuple[tuple[int, float], ...] = Field(default=(), max_length=16)
 
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.

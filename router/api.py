@@ -135,7 +135,7 @@ async def register_worker(request: Request) -> dict[str, Any]:
     new_incarnation = (
         previous is None or previous.registration.incarnation != registration.incarnation
     )
-    parts.prefixes.on_registered(registration, new_incarnation=new_incarnation)
+    parts.on_registered(registration, new_incarnation)
     if new_incarnation:
         parts.accounting.registered(registration)
     await parts.sync.registered(registration)

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from contracts.safety import HookCheck
+from contracts.workers import WorkerRegistration
 from router.access import body_components, guarded, openapi_extra
 from router.admit import Admission
 from router.api import ROUTES
@@ -82,6 +83,7 @@ class RouterParts:
     rollout: RolloutControl
     rollout_path: RolloutPath
     review: ReviewQueue
+    on_registered: Callable[[WorkerRegistration, bool], None]
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:
@@ -92,10 +94,7 @@ class RouterParts:
 
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
     health, routing = settings.health, settings.routing
-    registry = WorkerRegistry(
-        heartbeat_timeout_s=health.heartbeat_timeout_s, forget_after_s=health.forget_after_s,
-        max_workers=health.max_workers,
-    )  # fmt: skip
+    registry = WorkerRegistry(**health.registry_arguments())
     upstream = Upstream(**settings.upstream.pool_arguments())
     load = InFlightLoad()
     observe = settings.metrics
@@ -127,8 +126,9 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         state, Rollout(), metrics.stages, wall_clock=time.time,
         on_rollback=lambda model: metrics.canary_rollbacks.labels(model).inc(),
     )  # fmt: skip
+    registered = _on_registered(prefixes, predictor)
     sync, pools = _control_plane(settings, state, registry, load, stats, prefixes, clock,
-                                 on_document=rollout.reload)  # fmt: skip
+                                 on_document=rollout.reload, on_registered=registered)  # fmt: skip
     admission = Admission(
         admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
         metrics=metrics, clock=clock,
@@ -148,8 +148,21 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         pipeline=pipeline, state=state, sync=sync, pools=pools,
         admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
         admission=admission, rollout=rollout, rollout_path=rollout_path,
-        review=rollout_path.review,
+        review=rollout_path.review, on_registered=registered,
     )  # fmt: skip
+
+
+def _on_registered(
+    prefixes: PrefixTracker, predictor: TTFTPredictor
+) -> Callable[[WorkerRegistration, bool], None]:
+    """What a (re)registration changes here and on every replica that hears of it."""
+
+    def registered(registration: WorkerRegistration, new_incarnation: bool) -> None:
+        prefixes.on_registered(registration, new_incarnation=new_incarnation)
+        if new_incarnation:  # a fresh engine: its probe, not the old engine's prefills
+            predictor.seed(registration.worker_id, registration.prefill_probe)
+
+    return registered
 
 
 def _wire_metrics(
@@ -224,13 +237,14 @@ def _control_plane(
     clock: Callable[[], float],
     *,
     on_document: Callable[[str | None], Awaitable[None]],
+    on_registered: Callable[[WorkerRegistration, bool], None],
 ) -> tuple[StateSync, PoolController]:
     def forget(worker_id: str) -> None:
         forget_worker(worker_id, prefixes=prefixes, load=load, stats=stats)
 
     sync = StateSync(
         state, registry=registry, record_ttl_s=settings.health.forget_after_s,
-        on_registered=prefixes.on_registered, on_gone=forget,
+        on_registered=on_registered, on_gone=forget,
         on_control=lambda wanted: pools.adopt(wanted),
         settled=lambda worker_id, role: pools.settled(worker_id, role),
         wanted=lambda: pools.wanted(), on_document=on_document, clock=clock,

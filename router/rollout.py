@@ -173,16 +173,25 @@ class Rollout:
         return self._routes_document({model_id: route})
 
     def check_worker(self, registration: WorkerRegistration) -> None:
-        """A worker of a registered model must serve one of its registered versions."""
+        """A worker of a registered model must serve one of its registered versions, from
+        the artifact's files when it reports their checksum."""
         versions = self._artifacts.get(registration.model)
         if not versions:
             return
-        if registration.model_version not in versions:
+        artifact = versions.get(registration.model_version or "")
+        if artifact is None:
             raise InvalidRequest(
                 f"worker {registration.worker_id} serves {registration.model} version "
                 f"{registration.model_version!r}, which is not registered "
                 f"(registered: {sorted(versions)})",
                 param="model_version", code="unknown_version",
+            )  # fmt: skip
+        checksum = registration.model_checksum
+        if checksum is not None and checksum != artifact.checksum:
+            raise InvalidRequest(
+                f"worker {registration.worker_id} loaded files with checksum {checksum}, not "
+                f"{registration.model} {artifact.version}'s {artifact.checksum}",
+                param="model_checksum", code="checksum_mismatch",
             )  # fmt: skip
 
     def _registry_document(self) -> dict[str, Any]:

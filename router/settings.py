@@ -167,6 +167,11 @@ class HealthSettings(_Group):
         1024, ge=1, description="Registry capacity; registrations beyond it get 429."
     )
 
+    def registry_arguments(self) -> dict[str, float | int]:
+        """``WorkerRegistry``'s bounds, from these knobs."""
+        return {"heartbeat_timeout_s": self.heartbeat_timeout_s,
+                "forget_after_s": self.forget_after_s, "max_workers": self.max_workers}  # fmt: skip
+
 
 class RoutingSettings(_Group):
     """Worker choice: policies, plug-in weights, bounded load, the P/D decider."""
@@ -448,9 +453,10 @@ class AdmissionSettings(_Group):
     prior_prefill_tokens_per_s: float = Field(
         2_000.0,
         gt=0,
-        description="Prefill throughput assumed for a worker until 8 of its own prefills "
-        "teach the TTFT predictor. Low on purpose: a cold pool under a burst refuses a "
-        "little early rather than queue what will miss (see benchmarks/results/admission.md).",
+        description="Prefill throughput assumed for a worker whose agent sent no prefill "
+        "probe, until 8 of its own prefills teach the TTFT predictor. Low on purpose: a cold "
+        "pool under a burst refuses a little early rather than queue what will miss (see "
+        "benchmarks/results/admission/README.md).",
     )
     expected_output_tokens: int = Field(
         1024,

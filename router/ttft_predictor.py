@@ -5,8 +5,9 @@ Model, per first-hop worker: prefill seconds = ``intercept + slope x tokens``, w
 (this router's count) plus the request's own uncached tokens. It is fitted by
 exponentially weighted least squares over that worker's own prefills (``decay`` per
 sample), so a worker that slows down is re-learned within tens of requests. Until a
-worker has ``min_samples`` spread over distinct sizes, it is assumed to prefill at
-``prior_tokens_per_s`` with no fixed cost (optimistic: a new worker is not refused).
+worker has ``min_samples`` spread over distinct sizes, its line is the one fitted to the
+prefill probe its agent ran on the fresh engine (``seed``), or without one, a prefill at
+``prior_tokens_per_s`` with no fixed cost.
 
 For a disaggregated request the first token also waits for the KV transfer and the
 decode's first step, which grow with the decode worker's load: per decode worker,
@@ -20,6 +21,7 @@ Pure: no I/O, no clock; the orchestrator reports what it saw.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -70,21 +72,40 @@ class TTFTPredictor:
         self._min_samples = min_samples
         self._fits: dict[str, _Fit] = {}
         self._handoff_fits: dict[str, _Fit] = {}
+        self._seeded: dict[str, tuple[float, float]] = {}  # worker -> probe's line
 
     def __repr__(self) -> str:
         return f"TTFTPredictor(workers={len(self._fits)})"
 
+    def seed(self, worker_id: str, probe: Sequence[tuple[int, float]]) -> None:
+        """A (re)started worker's probe: its line until its own prefills teach one. Its
+        earlier fit is dropped (a new engine may be another speed)."""
+        self._fits.pop(worker_id, None)
+        self._seeded.pop(worker_id, None)
+        fit = _Fit()
+        for tokens, seconds in probe:
+            if tokens > 0 and seconds > 0:
+                fit.add(float(tokens), seconds, 1.0)
+        line = fit.line(1)
+        if line is not None:
+            if len(self._seeded) >= self._max_workers:
+                del self._seeded[next(iter(self._seeded))]
+            self._seeded[worker_id] = line
+
     def prefill_s(self, worker_id: str, queued_tokens: int, own_tokens: int) -> float:
         """Seconds until this worker has prefilled a request sent to it now."""
-        fit = self._fits.get(worker_id)
-        line = fit.line(self._min_samples) if fit is not None else None
-        intercept, slope = line if line is not None else (0.0, self._prior_slope)
+        intercept, slope = self._line(worker_id)
         return intercept + slope * (queued_tokens + own_tokens)
 
     def tokens_per_s(self, worker_id: str) -> float:
+        return 1.0 / self._line(worker_id)[1]
+
+    def _line(self, worker_id: str) -> tuple[float, float]:
         fit = self._fits.get(worker_id)
         line = fit.line(self._min_samples) if fit is not None else None
-        return 1.0 / (line[1] if line is not None else self._prior_slope)
+        if line is not None:
+            return line
+        return self._seeded.get(worker_id, (0.0, self._prior_slope))
 
     def handoff_s(self, decode_worker_id: str, requests: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from benchmarks.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster, VersionWorkers
 from modelstore import tiny_llama
+from modelstore.checksum import folder_checksum
 from router.rollout import share_of
 from tests.clusters import small_sim_cluster
 from tests.conditions import wait_for
@@ -25,7 +27,6 @@ from tests.sim.faults import set_faults
 
 MODEL = tiny_llama.SERVED_NAME
 OPERATOR, REVIEWER = "operator-token-0123456789", "reviewer-token-0123456789"
-CHECKSUM = "sha256:" + "ab" * 32
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def route(cluster: LocalCluster) -> dict:
 def register(cluster: LocalCluster, version: str, **changes: object) -> httpx.Response:
     path = str(tiny_llama.ensure())
     body = {"model_id": MODEL, "version": version, "artifact": path, "max_context": 4096,
-            "tokenizer": path, "checksum": CHECKSUM, **changes}  # fmt: skip
+            "tokenizer": path, "checksum": folder_checksum(Path(path)), **changes}  # fmt: skip
     return admin(cluster, "POST", "/admin/v1/models", body)
 
 
@@ -85,6 +86,13 @@ def test_the_registry_holds_immutable_versions_and_routes_name_only_registered_o
         assert register(cluster, version).status_code == 201
     assert register(cluster, "v1").status_code == 201  # the same again: a no-op
     assert_refused(register(cluster, "v1", max_context=8), 400, "version", "version_immutable")
+    workers = admin(cluster, "GET", "/admin/workers", token=cluster.admin_token).json()["workers"]
+    assert {w["model_checksum"] for w in workers} == {folder_checksum(tiny_llama.ensure())}
+    # Each agent timed its fresh engine's prefill (a warm-up, then two sizes twice).
+    for worker in workers:
+        small, large, *again = worker["prefill_probe"]
+        assert len(again) == 2 and 4 * small[0] < large[0], worker["prefill_probe"]
+        assert all(seconds > 0 for _, seconds in worker["prefill_probe"])
     assert_refused(register(cluster, "v4", artifact="/no/such/model"), 400, "artifact",
                    "artifact_missing")  # fmt: skip
     listed = {m["version"]: m for m in admin(cluster, "GET", "/admin/v1/models").json()["models"]}
@@ -109,6 +117,10 @@ def test_the_registry_holds_immutable_versions_and_routes_name_only_registered_o
                     "model_version": "v9", "engine_url": "http://127.0.0.1:9"}  # fmt: skip
     refused = admin(cluster, "POST", "/admin/workers/register", registration, cluster.admin_token)
     assert_refused(refused, 400, "model_version", "unknown_version")
+    # ... and so is one whose files are not the version's.
+    other_files = {**registration, "model_version": "v1", "model_checksum": "sha256:" + "0" * 64}
+    refused = admin(cluster, "POST", "/admin/workers/register", other_files, cluster.admin_token)
+    assert_refused(refused, 400, "model_checksum", "checksum_mismatch")
 
 
 def test_the_canary_serves_its_keys_and_every_key_stays_on_its_side(cluster):

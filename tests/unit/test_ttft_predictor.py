@@ -51,3 +51,16 @@ def test_the_handoff_time_follows_the_decode_workers_load():
     assert predictor.handoff_s("d", requests=60) == pytest.approx(0.31, rel=0.05)
     # The load drained: the same fit predicts the idle time, not the burst's average.
     assert predictor.handoff_s("d", requests=1) == pytest.approx(0.015, rel=0.1)
+
+
+def test_a_probed_worker_starts_from_its_probe_then_from_its_own_prefills():
+    predictor = TTFTPredictor(prior_tokens_per_s=2000.0, min_samples=4)
+    # The probe: 0.05 s fixed + 1 ms per token, i.e. far slower than the prior.
+    predictor.seed("p", [(128, 0.178), (1024, 1.074), (128, 0.178), (1024, 1.074)])
+    assert predictor.prefill_s("p", 0, 500) == pytest.approx(0.55, rel=1e-6)
+    assert predictor.prefill_s("unprobed", 0, 500) == pytest.approx(0.25)
+    for tokens in (100, 200, 300, 400):  # its own prefills: 2 ms per token
+        predictor.observe_prefill("p", 0, tokens, 0.002 * tokens)
+    assert predictor.prefill_s("p", 0, 500) == pytest.approx(1.0, rel=1e-6)
+    predictor.seed("p", [])  # a new engine without a probe: back to the prior
+    assert predictor.prefill_s("p", 0, 500) == pytest.approx(0.25)
