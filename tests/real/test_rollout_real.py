@@ -63,6 +63,13 @@ def test_greedy_outputs_follow_the_route_between_two_real_versions(tmp_path):
                                ("v2", cluster.worker("v2-colocated-0")))
         }  # fmt: skip
         assert reference["v1"] != reference["v2"], "two seeds, two models"
+        # Each agent reported its files' checksum and timed its engine's prefill.
+        workers = httpx.get(cluster.router_url + "/admin/workers", timeout=10,
+                            headers={"Authorization": f"Bearer {cluster.admin_token}"})  # fmt: skip
+        for worker in workers.json()["workers"]:
+            path = v1_path if worker["model_version"] == "v1" else v2_path
+            assert worker["model_checksum"] == folder_checksum(path)
+            assert len(worker["prefill_probe"]) == 4, worker["prefill_probe"]
         client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="unused")
 
         admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v1"})
