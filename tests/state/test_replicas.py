@@ -11,7 +11,9 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +23,7 @@ from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from localrun.redis_server import RedisServer
 from modelstore import tiny_llama
+from modelstore.checksum import folder_checksum
 from tests.client_load import ClientLoad
 from tests.clusters import MODEL
 from tests.conditions import wait_for
@@ -56,6 +59,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             model_path=tiny_llama.ensure(), served_name=MODEL, prefill=2, decode=2,
             port=port_a, run_dir=run_dir, ready_timeout_s=60, heartbeat_interval_s=0.5,
             drain_timeout_s=10, engine="sim", router_env=env, extra_router_urls=(url_b,),
+            model_version="v1",
         )  # fmt: skip
         cluster = LocalCluster(plan)
         router_b = process_group.spawn(
@@ -117,6 +121,38 @@ def test_a_ratio_change_through_one_replica_is_enforced_by_both(replicas):
             wait_for(lambda u=url, w=want: ready_counts(u) == w, 10, f"{url} to serve {want}")
             assert pools(url)[MODEL]["target"] == want
         assert [ask(replicas.b, i) for i in range(4)] == [200] * 4
+
+
+def test_the_registry_and_a_route_set_through_one_replica_rule_both(replicas):
+    folder = str(tiny_llama.ensure())
+    artifact = {"model_id": MODEL, "version": "v1", "artifact": folder, "max_context": 4096,
+                "tokenizer": folder, "checksum": folder_checksum(Path(folder))}  # fmt: skip
+    assert httpx.post(f"{replicas.a}/admin/v1/models", json=artifact, headers=HEADERS,
+                      timeout=10).status_code == 201  # fmt: skip
+    route = {"prod": "v1", "safety": {"checks": [{"name": "no", "blocklist": ["forbidden"]}]}}
+    # Both replicas write at once: compare-and-set keeps one whole route, and both agree.
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(
+            lambda url: httpx.put(f"{url}/admin/v1/routes/{MODEL}", json=route,
+                                  headers=HEADERS, timeout=10),
+            (replicas.a, replicas.b),
+        ))  # fmt: skip
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+
+    def route_on(url: str) -> dict:
+        answer = httpx.get(f"{url}/admin/v1/routes/{MODEL}", headers=HEADERS, timeout=10)
+        return answer.json() if answer.status_code == 200 else {}
+
+    wait_for(lambda: route_on(replicas.b).get("spec") == route_on(replicas.a).get("spec")
+             and route_on(replicas.b), 10, "replica B to follow the route")  # fmt: skip
+    body = {"model": MODEL, "prompt": "say the forbidden word", "max_tokens": 2}
+    refused = httpx.post(f"{replicas.b}/v1/completions", json=body, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == (
+        "content_policy_violation")  # fmt: skip
+    assert [ask(replicas.b, i) for i in range(4)] == [200] * 4  # prod v1: every worker
+    audit = httpx.get(f"{replicas.b}/admin/v1/audit?limit=20", headers=HEADERS).json()
+    assert sum(e["action"] == "set_route" and e["outcome"] == "ok"
+               for e in audit["entries"]) == 2  # fmt: skip
 
 
 def change_to_two_and_two(url: str) -> httpx.Response:
