@@ -24,7 +24,15 @@ from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.review import ReviewQueue
 from router.rollout import Rollout
-from router.safety import Hit, Screen, StreamScreen, answer_text, blocking, request_text
+from router.safety import (
+    Hit,
+    Screen,
+    StreamScreen,
+    answer_text,
+    blocking,
+    event_texts,
+    request_text,
+)
 from router.shadow import PrimaryOutcome, ShadowMirror, ShadowTicket
 
 _DONE = b"data: [DONE]"
@@ -128,7 +136,7 @@ class RolloutPath:
         stream then ends with an error event, and closing ``events`` aborts the engine."""
         try:
             async for piece in events:
-                data = piece if isinstance(piece, bytes) else str(piece).encode()
+                data = _bytes(piece)
                 hits = stream.feed(data)
                 if _DONE in data:
                     hits += await stream.finish()
@@ -141,9 +149,7 @@ class RolloutPath:
                         return
                 yield data
         finally:
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
+            await _close(events)
 
     async def _record(
         self, hits: list[Hit], request: PreparedRequest, screen: Screen, text: str
@@ -172,10 +178,30 @@ class RolloutPath:
             self._metrics.stages.answered(request.model, request.stage, error=True)
         if ticket is None:
             return
-        body = None
-        if response is not None and not isinstance(response, StreamingResponse):
-            body = bytes(response.body)
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = self._gathered(response.body_iterator, request, ticket)
+            return
+        body = None if response is None else bytes(response.body)
         ticket.primary(PrimaryOutcome(status, self._clock() - request.arrived_s, body))
+
+    async def _gathered(
+        self, events: AsyncIterator[Any], request: PreparedRequest, ticket: ShadowTicket
+    ) -> AsyncIterator[bytes]:
+        """Relay a mirrored request's stream, keeping its text for the shadow's comparison."""
+        texts: list[str] = []
+        done = False
+        try:
+            async for piece in events:
+                data = _bytes(piece)
+                texts.extend(event_texts(data))
+                done = done or _DONE in data
+                yield data
+        finally:
+            ticket.primary(PrimaryOutcome(
+                200, self._clock() - request.arrived_s, None,
+                text="".join(texts) if done else None,
+            ))  # fmt: skip
+            await _close(events)
 
 
 def _sticky_key(
@@ -192,6 +218,17 @@ def _sticky_key(
     # API key: the tenant's name (a digest for unnamed keys); anonymous callers share one
     # name, so they are placed per request instead.
     return None if request.tenant.name == "anonymous" else request.tenant.name
+
+
+def _bytes(piece: Any) -> bytes:
+    return piece if isinstance(piece, bytes) else str(piece).encode()
+
+
+async def _close(events: AsyncIterator[Any]) -> None:
+    """Close the wrapped stream: the relay's own ``finally`` then aborts the engine."""
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def _one_choice(request: PreparedRequest) -> bool:

@@ -174,7 +174,8 @@ def answer_text(answer: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
-def _event_texts(events: bytes) -> list[str]:
+def event_texts(events: bytes) -> list[str]:
+    """The text each choice gained in these SSE events (chat deltas or completion text)."""
     texts = []
     for line in events.split(b"\n"):
         if not line.startswith(b"data: {"):
@@ -203,7 +204,7 @@ class StreamScreen:
         self._seen: set[str] = set()  # checks already hit: a flag is queued once per stream
 
     def feed(self, events: bytes) -> list[Hit]:
-        new = "".join(_event_texts(events))
+        new = "".join(event_texts(events))
         if not new:
             return []
         if self._keep_all:

@@ -7,9 +7,10 @@ with what the client got, and never in the client's way.
   queue for the model or the shadow's own engines have requests waiting, the copy is not
   sent (counted as ``shed``). It skips admission, so it takes nothing from the tenant's
   rate limits or the prod queue.
-- It is never streamed: the whole answer is compared with the client's. For a greedy
-  request (``temperature: 0``) answered whole, ``same_text`` says whether the texts are
-  equal; for a streamed or sampled one it is None.
+- It is never streamed: the whole answer is compared with the client's, streamed or not
+  (a mirrored stream's text is gathered as it is relayed). For a greedy request
+  (``temperature: 0``), ``same_text`` says whether the texts are equal; for a sampled
+  one, or a stream that did not end with ``[DONE]``, it is None.
 - Records are kept per router, the newest ``shadow_records_kept``.
 """
 
@@ -46,6 +47,7 @@ class ShadowRecord:
     latency_s: float | None = None
     prod_status: int | None = None
     prod_latency_s: float | None = None
+    prod_streamed: bool | None = None
     completion_tokens: int | None = None
     prod_completion_tokens: int | None = None
     same_text: bool | None = None
@@ -56,6 +58,7 @@ class PrimaryOutcome:
     status: int
     latency_s: float
     body: bytes | None  # the whole answer, when it was not streamed
+    text: str | None = None  # a stream's text, when it ended with [DONE]
 
 
 class ShadowTicket:
@@ -160,6 +163,7 @@ def _compare(
 ) -> None:
     record.prod_status = primary.status
     record.prod_latency_s = round(primary.latency_s, 6)
+    record.prod_streamed = primary.body is None
     prod = None
     if primary.body is not None:
         try:
@@ -170,9 +174,10 @@ def _compare(
         record.completion_tokens = (answer.get("usage") or {}).get("completion_tokens")
     if isinstance(prod, dict):
         record.prod_completion_tokens = (prod.get("usage") or {}).get("completion_tokens")
+    prod_text = answer_text(prod) if isinstance(prod, dict) else primary.text
     greedy = body.get("temperature") == 0
-    if greedy and isinstance(answer, dict) and isinstance(prod, dict) and primary.status == 200:
-        record.same_text = answer_text(answer) == answer_text(prod)
+    if greedy and isinstance(answer, dict) and prod_text is not None and primary.status == 200:
+        record.same_text = answer_text(answer) == prod_text
 
 
 def summary(records: list[ShadowRecord]) -> dict[str, Any]:

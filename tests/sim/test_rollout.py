@@ -205,9 +205,14 @@ def test_a_slow_or_dead_shadow_never_reaches_the_client(cluster):
         set_faults(cluster, "v3-colocated-0", slowdown=25.0)
         assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", shadowed).status_code == 200
         on, on_statuses = _latencies(cluster, 12, "slow")
+        streamed = [complete(cluster, prompt=f"streamed {i}", stream=True) for i in range(4)]
+        assert all(s.status_code == 200 and "[DONE]" in s.text for s in streamed)
+        shadow = f"/admin/v1/routes/{MODEL}/shadow"
+        wait_for(lambda: any(r["prod_streamed"] and r["outcome"] == "ok" for r in
+                             admin(cluster, "GET", shadow).json()["records"]), 30,
+                 "a streamed request's shadow comparison")  # fmt: skip
         set_faults(cluster, "v3-colocated-0", hang=True)
         hung, hung_statuses = _latencies(cluster, 6, "hung")
-        shadow = f"/admin/v1/routes/{MODEL}/shadow"
         wait_for(lambda: any(r["outcome"] == "timeout" for r in admin(cluster, "GET", shadow)
                              .json()["records"]), 30, "the hung shadow's timeout")  # fmt: skip
     finally:  # a hung engine would hold the cluster's stop until its agent kills it
@@ -220,7 +225,8 @@ def test_a_slow_or_dead_shadow_never_reaches_the_client(cluster):
     # Each mirrored answer took far longer than any client waited: nobody waited for it.
     assert min(r["latency_s"] for r in done) > 2 * max(on)
     assert all(r["prod_latency_s"] < r["latency_s"] for r in done)
-    assert all(r["same_text"] is True for r in done)  # same weights, greedy: same text
+    # Same weights, greedy: the same text, whether the client's answer was streamed or not.
+    assert all(r["same_text"] is True for r in done)
     assert statistics.median(on + hung) < 3 * statistics.median(off) + 0.05
     families = scrape(cluster.router_url + "/metrics")
     assert total(families, "pdserve_shadow_requests_total", outcome="shed") >= 1
