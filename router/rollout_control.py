@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts.rollout import Approval, ModelArtifact, RouteSpec
-from router.errors import APIError, Forbidden, InvalidRequest, NotFound
+from router.errors import APIError, Forbidden, InvalidRequest, NotFound, RequestTooLarge
 from router.rollout import (
     REGISTRY_DOCUMENT,
     ROUTES_DOCUMENT,
@@ -29,12 +29,21 @@ from router.rollout import (
     approval_record,
 )
 from router.rollout_gate import StageWindows, Verdict, judge
-from router.state.base import AuditEntry, ControlState, StateConflict
+from router.state.base import AuditEntry, ControlState, StateConflict, StateFull
 
 log = logging.getLogger("pdserve.router")
 
 _ATTEMPTS = 5
 GATE_ACTOR = "gate"
+
+
+def _summary(spec: RouteSpec) -> dict[str, Any]:
+    """A route as the audit log keeps it: the stages and the names of its checks (a
+    policy's blocklist may be large, and the log keeps thousands of entries)."""
+    return {
+        **spec.model_dump(mode="json", include={"prod", "canary", "shadow", "requires_approval"}),
+        "safety_checks": [check.name for check in spec.safety.checks],
+    }
 
 
 class GateNotMet(APIError):
@@ -90,8 +99,10 @@ class RolloutControl:
             chosen.append(spec)
             return document
 
-        await self._write(ROUTES_DOCUMENT, "set_route", model_id, actor, build,
-                          detail=body if isinstance(body, dict) else {})  # fmt: skip
+        def detail() -> dict[str, Any]:
+            return _summary(chosen[-1]) if chosen else {}
+
+        await self._write(ROUTES_DOCUMENT, "set_route", model_id, actor, build, detail=detail)
         return chosen[-1]
 
     async def delete_route(self, model_id: str, actor: str) -> None:
@@ -222,6 +233,11 @@ class RolloutControl:
                 except StateConflict:
                     await self.reload(document)
                     continue
+                except StateFull as error:
+                    raise RequestTooLarge(
+                        f"the {document} document would be too large: {error}",
+                        code="document_too_large",
+                    ) from None
                 await self.reload(document)
                 await self._audit(action, target, actor, "ok", detail)
                 return

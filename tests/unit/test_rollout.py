@@ -11,10 +11,13 @@ import pytest
 from contracts.rollout import ModelArtifact, RouteSpec, SloGate
 from contracts.safety import SafetyPolicy
 from contracts.workers import WorkerRegistration, WorkerRole
-from router.errors import InvalidRequest
+from router.errors import InvalidRequest, RequestTooLarge
 from router.rollout import Rollout
+from router.rollout_control import RolloutControl
 from router.rollout_gate import StageFigures, StageWindows, judge
 from router.safety import Screen, StreamScreen, blocking
+from router.state.base import StateLimits
+from router.state.memory import MemoryState
 
 CHECKSUM = "sha256:" + "0" * 64
 
@@ -203,3 +206,18 @@ def test_blocklist_phrases_match_across_punctuation_and_spacing():
     screen = Screen(policy(name="w", blocklist=["launch codes"]), model="m", call_hook=no_hook)
     assert screen.pattern_hits("input", "the Launch,  CODES!")
     assert not screen.pattern_hits("input", "launch the codes")
+
+
+async def test_a_change_that_would_overflow_the_state_is_refused_and_audited(tmp_path: Path):
+    state = MemoryState(StateLimits(max_document_bytes=2048))
+    control = RolloutControl(state, Rollout(), StageWindows(max_samples=10, clock=lambda: 0.0),
+                             wall_clock=lambda: 0.0)  # fmt: skip
+    await control.register(artifact("v1", tmp_path), "ops")
+    words = [f"word{n}" for n in range(500)]
+    body = {"prod": "v1", "safety": {"checks": [{"name": "big", "blocklist": words}]}}
+    with pytest.raises(RequestTooLarge):
+        await control.set_route("m", body, "ops")
+    assert control.rollout.route("m") is None
+    (*_, refused) = await state.audit(limit=5)
+    assert (refused.action, refused.outcome.split(":")[0]) == ("set_route", "refused")
+    assert "word1" not in str(refused.detail)  # the audit keeps check names, not blocklists
