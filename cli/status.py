@@ -59,7 +59,16 @@ def render(snapshot: StatusSnapshot) -> Group:
                  style="bold")  # fmt: skip
     if not snapshot.models:
         return Group(title, Text("no workers registered"))
-    return Group(title, _models_table(snapshot.models), _workers_table(snapshot.models))
+    tables = [_models_table(snapshot.models)]
+    routed = [m for m in snapshot.models if m.route]
+    if routed:
+        routes = Table(box=box.SIMPLE_HEAD, title="routes", title_justify="left")
+        routes.add_column("model")
+        routes.add_column("stages (version, canary weight, shadow sample rate)")
+        for m in routed:
+            routes.add_row(m.model, m.route)
+        tables.append(routes)
+    return Group(title, *tables, _workers_table(snapshot.models))
 
 
 def _models_table(models: list[ModelStatus]) -> Table:
@@ -80,15 +89,14 @@ def _models_table(models: list[ModelStatus]) -> Table:
 
 def _workers_table(models: list[ModelStatus]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="workers", title_justify="left")
-    for name in ("worker", "role", "state", "kind", "inflight", "running", "waiting", "KV",
-                 "memory"):  # fmt: skip
-        table.add_column(name, justify="left" if name in ("worker", "role", "state",
-                                                          "kind") else "right")  # fmt: skip
+    left = ("worker", "role", "version", "state", "kind")
+    for name in (*left, "inflight", "running", "waiting", "KV", "memory"):
+        table.add_column(name, justify="left" if name in left else "right")
     for m in models:
         for w in m.workers:
             state = Text(w.state, style="green" if w.state == "ready" else "yellow")
             table.add_row(
-                w.worker_id, w.role, state, w.kind, str(w.inflight_requests),
+                w.worker_id, w.role, w.version or "-", state, w.kind, str(w.inflight_requests),
                 f"{w.engine_running:.0f}", f"{w.engine_waiting:.0f}",
                 f"{w.kv_cache_usage_perc:.0%}", f"{w.engine_memory_bytes / 2**30:.2f} GiB",
             )  # fmt: skip

@@ -20,6 +20,7 @@ class WorkerStatus(_Frozen):
     engine_waiting: float
     kv_cache_usage_perc: float
     engine_memory_bytes: float
+    version: str | None = None  # the registered version it serves, if any
 
 
 class ModelStatus(_Frozen):
@@ -35,6 +36,7 @@ class ModelStatus(_Frozen):
     usd_per_million_input_tokens: float | None  # every pool of the model
     usd_per_million_output_tokens: float | None
     workers: list[WorkerStatus]
+    route: str | None = None  # "prod v1 · canary v2 10% · shadow v3 5%"; None: no route
 
 
 class StatusSnapshot(_Frozen):

@@ -58,7 +58,20 @@ def _model_status(
         usd_per_million_input_tokens=prices.get((model, "all", "input")),
         usd_per_million_output_tokens=prices.get((model, "all", "output")),
         workers=[_worker_status(parts, w, now) for w in workers],
+        route=_route(parts, model),
     )
+
+
+def _route(parts: RouterParts, model: str) -> str | None:
+    route = parts.rollout.rollout.route(model)
+    if route is None:
+        return None
+    spec, stages = route.spec, [f"prod {route.spec.prod}"]
+    if spec.canary is not None:
+        stages.append(f"canary {spec.canary.version} {spec.canary.weight:.0%}")
+    if spec.shadow is not None:
+        stages.append(f"shadow {spec.shadow.version} {spec.shadow.sample_rate:.0%}")
+    return " · ".join(stages)
 
 
 def _worker_status(parts: RouterParts, worker: WorkerState, now: float) -> WorkerStatus:
@@ -73,6 +86,7 @@ def _worker_status(parts: RouterParts, worker: WorkerState, now: float) -> Worke
         engine_waiting=worker.load.num_requests_waiting,
         kv_cache_usage_perc=worker.load.kv_cache_usage_perc,
         engine_memory_bytes=worker.load.engine_memory_bytes,
+        version=worker.registration.model_version,
     )
 
 

@@ -136,6 +136,9 @@ def test_the_canary_serves_its_keys_and_every_key_stays_on_its_side(cluster):
     assert after["colocated-0"] - before["colocated-0"] == 2 * (len(users) - on_canary)
     stages = scrape(cluster.router_url + "/metrics")
     assert total(stages, "pdserve_requests_total", route_stage="canary") >= 2 * on_canary
+    (status,) = admin(cluster, "GET", "/admin/v1/status").json()["models"]
+    assert status["route"] == "prod v1 · canary v2 30%"
+    assert sorted(w["version"] for w in status["workers"]) == ["v1", "v2", "v3"]
 
 
 def test_promotion_needs_the_gate_and_a_reviewers_approval(cluster):

@@ -17,11 +17,13 @@ from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
 GOLDEN = Path(__file__).parents[1] / "data" / "status_view.txt"
 
 
-def worker(worker_id: str, role: str, state: str = "ready", **load: float) -> WorkerStatus:
+def worker(
+    worker_id: str, role: str, state: str = "ready", version: str | None = None, **load: float
+) -> WorkerStatus:
     defaults = dict(inflight_requests=0, engine_running=0.0, engine_waiting=0.0,
                     kv_cache_usage_perc=0.0, engine_memory_bytes=3 * 2**30)  # fmt: skip
     return WorkerStatus(worker_id=worker_id, role=role, state=state, kind="cpu",
-                        **{**defaults, **load})  # fmt: skip
+                        version=version, **{**defaults, **load})  # fmt: skip
 
 
 SNAPSHOT = StatusSnapshot(
@@ -40,6 +42,7 @@ SNAPSHOT = StatusSnapshot(
             output_tokens_per_s=987.65,
             usd_per_million_input_tokens=0.0123,
             usd_per_million_output_tokens=0.2469,
+            route="prod v1 · canary v2 10%",
             workers=[
                 worker(
                     "decode-0",
@@ -57,6 +60,14 @@ SNAPSHOT = StatusSnapshot(
                     kv_cache_usage_perc=0.1,
                 ),
                 worker("prefill-1", "prefill", state="starting", engine_memory_bytes=0),
+                worker(
+                    "v2-colocated-0",
+                    "colocated",
+                    version="v2",
+                    inflight_requests=1,
+                    engine_running=1,
+                    kv_cache_usage_perc=0.05,
+                ),
             ],
         ),
         ModelStatus(
