@@ -19,8 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from contracts.safety import SafetyPolicy
 
-Stage = Literal["prod", "canary", "shadow"]
-STAGES: tuple[Stage, ...] = ("prod", "canary", "shadow")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"
 _CHECKSUM = re.compile(r"^(sha256:[0-9a-f]{64}|[a-z0-9]+:[0-9A-Za-z._\-]{8,128})$")
 

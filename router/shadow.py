@@ -107,10 +107,6 @@ class ShadowMirror:
     def __repr__(self) -> str:
         return f"ShadowMirror(inflight={len(self._tasks)})"
 
-    @property
-    def inflight(self) -> int:
-        return len(self._tasks)
-
     def mirror(self, request: PreparedRequest, version: str, *, busy: bool) -> ShadowTicket | None:
         """Send a copy to ``version`` unless it must be shed; the ticket takes the
         client's outcome."""
