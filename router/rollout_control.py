@@ -221,15 +221,13 @@ class RolloutControl:
     ) -> None:
         """Build the new document from the current view and write it if nobody wrote in
         between; a refusal (an ``APIError`` from ``build``) is audited and re-raised."""
-        expected = lambda: (  # noqa: E731 - read after each reload
-            self.rollout.registry_version if document == REGISTRY_DOCUMENT
-            else self.rollout.routes_version
-        )  # fmt: skip
         try:
             for _ in range(_ATTEMPTS):
                 value = build()
                 try:
-                    await self._state.put_document(document, value, expected_version=expected())
+                    await self._state.put_document(
+                        document, value, expected_version=self._version_of(document)
+                    )
                 except StateConflict:
                     await self.reload(document)
                     continue
@@ -245,6 +243,12 @@ class RolloutControl:
         except APIError as error:
             await self._audit(action, target, actor, f"refused: {error.message}", detail)
             raise
+
+    def _version_of(self, document: str) -> int:
+        """The version this replica's view of ``document`` was read at."""
+        if document == REGISTRY_DOCUMENT:
+            return self.rollout.registry_version
+        return self.rollout.routes_version
 
     async def _audit(
         self,

@@ -69,7 +69,7 @@ class RolloutPath:
         placement = self._rollout.place(
             request.model, _sticky_key(route.spec, request, headers), request_id_var.get()
         )
-        return _placed(request, placement.stage, placement.version)
+        return dataclasses.replace(request, stage=placement.stage, version=placement.version)
 
     def mirror(
         self, request: PreparedRequest, busy: Callable[[PreparedRequest, str], bool]
@@ -238,7 +238,3 @@ def _one_choice(request: PreparedRequest) -> bool:
         return split_choices(request.body, chat=request.chat, max_choices=1) is None
     except APIError:
         return False
-
-
-def _placed(request: PreparedRequest, stage: str, version: str | None) -> PreparedRequest:
-    return dataclasses.replace(request, stage=stage, version=version)
