@@ -15,7 +15,11 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
 4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus its fair share
    of the router's queue and the decode handoff: over ``ttft_slo_headroom`` x the SLO
    (the model's, or the client's if lower), and only when a queue is the cause, is a 429
-   at once: work that will miss is not worth accepting;
+   at once: work that will miss is not worth accepting. So is a request that would push,
+   on every first-hop worker, a prefill already under way past its deadline (an engine
+   prefills what waits in one step, so later work delays earlier work): admitted
+   requests keep their promise. The grant carries the request's prefill deadline, which
+   the scheduler's ``ttft_budget`` filter keeps to when it picks the worker;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + target - its own
@@ -68,6 +72,10 @@ class _Forecast:
     own_prefill_s: float  # its own prefill (and handoff) on the best workers, with no queue
     uncached_tokens: int
     queued: bool  # work is ahead of it somewhere: waiting could help it
+    handoff_s: float  # the predicted KV handoff after the prefill (0 colocated)
+    # On every first-hop worker, its prefill would push one already under way there past
+    # that one's deadline (an engine prefills what waits together, in one step).
+    crowded: bool = False
 
 
 class Admission:
@@ -137,8 +145,9 @@ class Admission:
             grant.release()
             raise
         admitted = dataclasses.replace(
-            request, max_output_tokens=output, predicted_ttft_s=forecast.ttft_s
-        )
+            request, max_output_tokens=output, predicted_ttft_s=forecast.ttft_s,
+            prefill_deadline_s=request.arrived_s + slo_s - forecast.handoff_s,
+        )  # fmt: skip
         self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
         return Admitted(admitted, grant)
 
@@ -211,26 +220,40 @@ class Admission:
     def _refuse_if_late(self, request: PreparedRequest, forecast: _Forecast, slo_s: float) -> None:
         # Refused only when a queue is what makes it late: alone on idle workers a request
         # is as fast as it can be, and serving it keeps the predictor learning.
-        if forecast.ttft_s > slo_s and forecast.queued:
+        if not forecast.queued:
+            return
+        if forecast.ttft_s > slo_s:
             raise self._refused(
                 request, "ttft_slo_unattainable",
                 f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
                 f"{slo_s:.2f}s target; the prefill queue is full, retry later",
                 wait_s=forecast.ttft_s - slo_s,
             )  # fmt: skip
+        if forecast.crowded:
+            raise self._refused(
+                request, "ttft_slo_unattainable",
+                "every prefill worker is at its limit: more work there would make requests "
+                "already admitted miss their time to first token target; retry later",
+                wait_s=forecast.ttft_s,
+            )  # fmt: skip
 
     def _forecast(
         self, request: PreparedRequest, pools: Pools, uncached: dict[str, int]
     ) -> _Forecast:
         """``uncached``: what each first-hop worker would prefill of the prompt."""
-        first_hop = pools.first_hop
-        predictor = self._predictor
+        first_hop, predictor, now = pools.first_hop, self._predictor, self._clock()
 
         def ttft_on(worker: WorkerState) -> float:
             wid = worker.worker_id
             return predictor.prefill_s(wid, self._load.of(wid).tokens, uncached[wid])
 
-        best = min(first_hop, key=ttft_on)
+        def crowds(worker: WorkerState) -> bool:
+            """Would its prefill there push one already under way past its deadline?"""
+            earliest = self._load.of(worker.worker_id).earliest_deadline_s()
+            return earliest is not None and now + ttft_on(worker) > earliest
+
+        roomy = [w for w in first_hop if not crowds(w)]
+        best = min(roomy or first_hop, key=ttft_on)
         queue = self._queues.get(request.model)
         own_tokens = uncached[best.worker_id]
         ahead = 0
@@ -252,6 +275,8 @@ class Admission:
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
             uncached_tokens=own_tokens,
             queued=bool(ahead or self._load.of(best.worker_id).tokens or decode_busy),
+            handoff_s=handoff_s,
+            crowded=not roomy,
         )
 
     def _queue_limit_tokens(self, model: str, first_hop: Sequence[WorkerState]) -> int:

@@ -111,12 +111,13 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         window=SlidingSums(window_s=observe.metrics_window_s, bucket_s=1.0, clock=clock),
     )  # fmt: skip
     admission_settings = settings.admission
+    predictor = TTFTPredictor(prior_tokens_per_s=admission_settings.prior_prefill_tokens_per_s)
     scheduler = Scheduler(
         routing, load=load, prefixes=prefixes, stats=stats,
         kv_overcommit=admission_settings.decode_kv_overcommit,
-        preemption_cooldown_s=admission_settings.preemption_cooldown_s, clock=clock,
+        preemption_cooldown_s=admission_settings.preemption_cooldown_s, predictor=predictor,
+        clock=clock,
     )  # fmt: skip
-    predictor = TTFTPredictor(prior_tokens_per_s=admission_settings.prior_prefill_tokens_per_s)
     orchestrator = Orchestrator(
         settings=settings, registry=registry, upstream=upstream, metrics=metrics,
         scheduler=scheduler, load=load, predictor=predictor, clock=clock,

@@ -142,8 +142,12 @@ class Orchestrator:
         tried: Collection[str] = (),
     ) -> Decision | None:
         key = request.routing_key
-        output = None if role is WorkerRole.PREFILL else request.max_output_tokens
-        decision = self._scheduler.pick(key, role, pool, blocks, tried, kv_output_tokens=output)
+        first_hop = role is not WorkerRole.DECODE
+        decision = self._scheduler.pick(
+            key, role, pool, blocks, tried,
+            kv_output_tokens=None if role is WorkerRole.PREFILL else request.max_output_tokens,
+            prefill_deadline_s=request.prefill_deadline_s if first_hop else None,
+        )  # fmt: skip
         if decision is not None:
             policy = self._scheduler.policy_of(key)
             self._metrics.routing_decisions.labels(key, role.value, policy, decision.reason).inc()
@@ -165,9 +169,12 @@ class Orchestrator:
             tried.append(worker.worker_id)
             self._scheduler.place(blocks, decision)
             started_s = self._clock()
-            queued = self._load.of(worker.worker_id).tokens
+            mark = self._predictor.prefill_sent(
+                worker.worker_id, started_s, self._load.of(worker.worker_id).tokens
+            )
             try:
-                with self._load.begin(worker.worker_id, decision.uncached_tokens):
+                with self._load.begin(worker.worker_id, decision.uncached_tokens,
+                                      deadline_s=request.prefill_deadline_s):  # fmt: skip
                     payload = await self._upstream.post_json(
                         worker.engine_url + request.path, body,
                         timeout_s=self._timeouts.prefill_timeout_s,
@@ -179,8 +186,9 @@ class Orchestrator:
             seconds = handoff.issued_at_s - started_s
             self._metrics.stage.labels(request.model, "prefill").observe(seconds)
             self._predictor.observe_prefill(
-                worker.worker_id, queued, decision.uncached_tokens, seconds
-            )
+                mark, decision.uncached_tokens, handoff.issued_at_s,
+                queued_after=self._load.of(worker.worker_id).tokens,
+            )  # fmt: skip
             return handoff
         raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
 
@@ -255,18 +263,25 @@ class Orchestrator:
         payload = json.dumps(body).encode()
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
-        queued = self._load.of(worker.worker_id).tokens
+        mark = None
+        if handoff is None:
+            queued = self._load.of(worker.worker_id).tokens
+            mark = self._predictor.prefill_sent(worker.worker_id, self._clock(), queued)
         requests_there = self._load.of(worker.worker_id).requests + 1
         # Its KV there: the prompt blocks the worker does not hold yet, and the output.
         kv_tokens = decision.uncached_tokens + request.max_output_tokens
-        ticket = self._load.begin(worker.worker_id, own, kv_tokens=kv_tokens)
-        started_s = self._clock()
+        ticket = self._load.begin(
+            worker.worker_id, own, kv_tokens=kv_tokens,
+            deadline_s=request.prefill_deadline_s if own else None,
+        )  # fmt: skip
 
         def first_byte(at_s: float) -> None:
             ticket.prefilled()
             prefilled()
-            if handoff is None:
-                self._predictor.observe_prefill(worker.worker_id, queued, own, at_s - started_s)
+            if mark is not None:
+                self._predictor.observe_prefill(
+                    mark, own, at_s, queued_after=self._load.of(worker.worker_id).tokens
+                )
             else:
                 handoff_s = at_s - handoff.issued_at_s
                 self._predictor.observe_handoff(worker.worker_id, requests_there, handoff_s)

@@ -57,9 +57,11 @@ class PreparedRequest:
     priority: int = 1  # index into tenants.PRIORITIES: 0 is the highest class
     ttft_slo_s: float | None = None  # what the client asked for (admission caps it)
     # Set by admission: the output the decode side's KV must hold (max_tokens, or the rest
-    # of the context), and its predicted TTFT.
+    # of the context), its predicted TTFT, and when its prefill must end for its first
+    # token to meet the TTFT target (the target less the predicted KV handoff).
     max_output_tokens: int = 0
     predicted_ttft_s: float | None = None
+    prefill_deadline_s: float | None = None
     # False for a fan-out's later samples of one prompt: usage counts that prompt once.
     counts_prompt: bool = True
     # Set by the model's route (``rollout.py``): the stage that serves it (prod, canary, or

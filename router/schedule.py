@@ -19,6 +19,7 @@ from router.registry import WorkerState
 from router.routing_stats import RoutingStats
 from router.scheduling_plugins import (
     DECIDERS,
+    Candidate,
     Decision,
     DisaggThresholds,
     PickContext,
@@ -28,6 +29,7 @@ from router.scheduling_plugins import (
     parse_weights,
 )
 from router.settings import RoutingSettings
+from router.ttft_predictor import TTFTPredictor
 
 _NO_LOAD = InFlight()
 
@@ -42,12 +44,14 @@ class Scheduler:
         stats: RoutingStats,
         kv_overcommit: float = 1.0,
         preemption_cooldown_s: float = 0.0,
+        predictor: TTFTPredictor | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._kv_overcommit = kv_overcommit
         self._preemption_cooldown_s = preemption_cooldown_s
         self._clock = clock
+        self._predictor = predictor
         self._load = load
         self._prefixes = prefixes
         self._stats = stats
@@ -79,8 +83,10 @@ class Scheduler:
         exclude: Collection[str] = (),
         *,
         kv_output_tokens: int | None = None,
+        prefill_deadline_s: float | None = None,
     ) -> Decision | None:
-        """``kv_output_tokens``: on the decode side, the output its KV must hold too."""
+        """``kv_output_tokens``: on the decode side, the output its KV must hold too.
+        ``prefill_deadline_s``: on the first hop, when the prefill must end."""
         if all(w.worker_id in exclude for w in workers):
             return None
         query = self._query(blocks)
@@ -93,12 +99,18 @@ class Scheduler:
             token_floor=settings.bounded_load_token_floor, kv_output_tokens=kv_output_tokens,
             kv_overcommit=self._kv_overcommit, now_s=self._clock(),
             preemption_cooldown_s=self._preemption_cooldown_s,
+            prefill_deadline_s=prefill_deadline_s, predict_prefill_s=self._predict_prefill_s,
         )  # fmt: skip
         decision = choose(self.policy_of(routing_key), workers, context, self._load.of, exclude)
         if decision is None:
             return None
         self._stats.chosen(role, decision.worker.worker_id)
         return decision
+
+    def _predict_prefill_s(self, c: Candidate) -> float:
+        if self._predictor is None:
+            return 0.0
+        return self._predictor.prefill_s(c.worker_id, c.inflight.tokens, c.uncached_tokens)
 
     def uncached_tokens(
         self, workers: Sequence[WorkerState], blocks: PromptBlocks

@@ -82,6 +82,10 @@ class PickContext:
     kv_overcommit: float = 1.0
     now_s: float = 0.0
     preemption_cooldown_s: float = 0.0
+    # First hop only (None: not checked): when this request's prefill must end, and the
+    # predicted prefill seconds of a candidate sent it now.
+    prefill_deadline_s: float | None = None
+    predict_prefill_s: Callable[[Candidate], float] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +119,9 @@ DECIDERS: dict[str, Decider] = {}
 POLICIES: dict[str, Policy] = {
     "round_robin": Policy(("known_load", "kv_headroom"), "round_robin"),
     "least_loaded": Policy(("known_load", "kv_headroom"), "least_loaded"),
-    "prefix_affinity": Policy(("known_load", "kv_headroom", "bounded_load"), "lowest_cost"),
+    "prefix_affinity": Policy(
+        ("known_load", "kv_headroom", "ttft_budget", "bounded_load"), "lowest_cost"
+    ),
 }
 
 
@@ -225,6 +231,29 @@ def _kv_headroom(candidates: list[Candidate], context: PickContext) -> list[Cand
         and not thrashing(c.worker, context.now_s, context.preemption_cooldown_s)
     ]  # fmt: skip
     return room or candidates
+
+
+@register_filter("ttft_budget")
+def ttft_budget(candidates: list[Candidate], context: PickContext) -> list[Candidate]:
+    """Keep the workers that would end this prefill by its deadline without pushing a
+    prefill already under way there past its own; none: the one least late.
+
+    An engine prefills what waits in one step, so a request sent to a busy worker also
+    delays the ones sent just before it. Affinity still decides among the workers in
+    time; it no longer stacks a hot prefix's worker past what it can serve in time while
+    another worker could."""
+    deadline_s, predict = context.prefill_deadline_s, context.predict_prefill_s
+    if deadline_s is None or predict is None or len(candidates) < 2:
+        return candidates
+
+    def lateness_s(c: Candidate) -> float:
+        earliest = c.inflight.earliest_deadline_s()
+        due_s = deadline_s if earliest is None else min(deadline_s, earliest)
+        return context.now_s + predict(c) - due_s
+
+    late = {c.worker_id: lateness_s(c) for c in candidates}
+    in_time = [c for c in candidates if late[c.worker_id] <= 0]
+    return in_time or [min(candidates, key=lambda c: late[c.worker_id])]
 
 
 @register_filter("bounded_load")

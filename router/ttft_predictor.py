@@ -1,22 +1,37 @@
 """Predicted TTFT: how long until a request's first token, learned online per worker.
 
-Model, per first-hop worker: prefill seconds = ``intercept + slope x tokens``, where
-``tokens`` is the uncached prompt tokens queued on the worker when the request was sent
-(this router's count) plus the request's own uncached tokens. It is fitted by
-exponentially weighted least squares over that worker's own prefills (``decay`` per
-sample), so a worker that slows down is re-learned within tens of requests. Until a
-worker has ``min_samples`` spread over distinct sizes, its line is the one fitted to the
-prefill probe its agent ran on the fresh engine (``seed``), or without one, a prefill at
-``prior_tokens_per_s`` with no fixed cost.
+Model, per first-hop worker, for a request sent now with ``queued`` uncached prompt
+tokens ahead of it there (this router's count) and ``own`` of its own:
+
+    prefill seconds = intercept + slope x own + queued / drain rate
+
+- ``intercept + slope x own`` is a prefill alone: fitted by exponentially weighted least
+  squares over the worker's prefills that had nothing else under way there (``decay``
+  per sample), and until ``min_samples`` of them, the line fitted to the prefill probe
+  its agent ran on the fresh engine (``seed``), or without one, ``prior_tokens_per_s``.
+- the drain rate is how fast the worker gets through a queue: the tokens of each prefill
+  that ends while others were under way at the previous end, over the seconds since that
+  end (busy time), exponentially weighted by busy time (``drain_half_life_s``).
+
+Why not one line fitted on (queued + own, seconds) of every prefill, as before: an
+engine prefills in steps, and a request waits for the step under way and then shares
+the next one with every prompt that arrived meanwhile, before *and after* it. Its wait
+hardly follows the queue it saw at the send, so such a fit comes out several times too
+flat (the rate too high) exactly when the queue matters (``test_ttft_predictor``).
+Busy time does not depend on where in a step a request landed. A queue counted whole
+(the step under way included) makes the prediction err late, which is the safe side;
+later arrivals that join a request's step are admission's concern (``load.py``).
 
 For a disaggregated request the first token also waits for the KV transfer and the
 decode's first step, which grow with the decode worker's load: per decode worker,
 handoff seconds = ``intercept + slope x requests in flight there`` (itself included),
-fitted the same way from first token minus prefill end. Both models follow the load
-they are given, so a prediction falls back as queues drain: no stale average keeps
-refusing work after a burst.
+fitted the same way from first token minus prefill end. Until a decode worker has
+``min_samples`` of its own, the fit over every decode worker's handoffs stands in (from
+the first one seen): a cold pool is not assumed to hand off for free. Both models follow
+the load they are given, so a prediction falls back as queues drain: no stale average
+keeps refusing work after a burst.
 
-Pure: no I/O, no clock; the orchestrator reports what it saw.
+Pure: no I/O, no clock; the orchestrator reports what it saw, with its times.
 """
 
 from __future__ import annotations
@@ -57,6 +72,32 @@ class _Fit:
         return max(0.0, mean_y - slope * mean_x), slope
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillMark:
+    """Taken when a prefill is sent (``prefill_sent``); handed back at its end."""
+
+    worker_id: str
+    sent_s: float
+    finished_tokens: int  # the worker's count at the send
+    alone: bool  # nothing else was under way there at the send
+
+
+@dataclass(slots=True)
+class _Drain:
+    """One worker's throughput while it has prefills under way."""
+
+    tokens: float = 0.0  # decayed sums
+    seconds: float = 0.0
+    samples: int = 0
+    busy_since_s: float | None = None  # the last prefill's end, with more under way
+    finished_tokens: int = 0
+
+    def rate(self, min_samples: int) -> float | None:
+        if self.samples < min_samples or self.seconds <= 0 or self.tokens <= 0:
+            return None
+        return self.tokens / self.seconds
+
+
 class TTFTPredictor:
     def __init__(
         self,
@@ -64,14 +105,18 @@ class TTFTPredictor:
         prior_tokens_per_s: float,
         decay: float = 0.97,
         min_samples: int = 8,
+        drain_half_life_s: float = 10.0,
         max_workers: int = 4096,
     ) -> None:
         self._max_workers = max_workers
         self._prior_slope = 1.0 / prior_tokens_per_s
         self._decay = decay
+        self._drain_half_life_s = drain_half_life_s
         self._min_samples = min_samples
         self._fits: dict[str, _Fit] = {}
         self._handoff_fits: dict[str, _Fit] = {}
+        self._pool_handoff = _Fit()  # every decode worker's, for one without its own yet
+        self._drains: dict[str, _Drain] = {}
         self._seeded: dict[str, tuple[float, float]] = {}  # worker -> probe's line
 
     def __repr__(self) -> str:
@@ -82,6 +127,7 @@ class TTFTPredictor:
         earlier fit is dropped (a new engine may be another speed)."""
         self._fits.pop(worker_id, None)
         self._seeded.pop(worker_id, None)
+        self._drains.pop(worker_id, None)
         fit = _Fit()
         for tokens, seconds in probe:
             if tokens > 0 and seconds > 0:
@@ -94,18 +140,26 @@ class TTFTPredictor:
 
     def prefill_s(self, worker_id: str, queued_tokens: int, own_tokens: int) -> float:
         """Seconds until this worker has prefilled a request sent to it now."""
-        intercept, slope = self._line(worker_id)
-        return intercept + slope * (queued_tokens + own_tokens)
+        intercept, slope = self._alone_line(worker_id)
+        return intercept + slope * own_tokens + queued_tokens / self.tokens_per_s(worker_id)
 
     def tokens_per_s(self, worker_id: str) -> float:
-        return 1.0 / self._line(worker_id)[1]
+        """How fast the worker gets through a queue."""
+        drain = self._drains.get(worker_id)
+        rate = drain.rate(self._min_samples) if drain is not None else None
+        return rate or 1.0 / self._alone_line(worker_id)[1]
 
-    def _line(self, worker_id: str) -> tuple[float, float]:
+    def _alone_line(self, worker_id: str) -> tuple[float, float]:
         fit = self._fits.get(worker_id)
         line = fit.line(self._min_samples) if fit is not None else None
         if line is not None:
             return line
-        return self._seeded.get(worker_id, (0.0, self._prior_slope))
+        seeded = self._seeded.get(worker_id)
+        if seeded is not None:
+            return seeded
+        drain = self._drains.get(worker_id)
+        rate = drain.rate(self._min_samples) if drain is not None else None
+        return (0.0, 1.0 / rate if rate else self._prior_slope)
 
     def handoff_s(self, decode_worker_id: str, requests: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with
@@ -113,20 +167,54 @@ class TTFTPredictor:
         fit = self._handoff_fits.get(decode_worker_id)
         line = fit.line(self._min_samples) if fit is not None else None
         if line is None:
+            line = self._pool_handoff.line(1)
+        if line is None:
             return 0.0
         return line[0] + line[1] * requests
 
+    def prefill_sent(self, worker_id: str, at_s: float, queued_tokens: int) -> PrefillMark:
+        """A prefill goes to the worker now, with ``queued_tokens`` already under way."""
+        drain = self._drains.get(worker_id)
+        if drain is None:
+            if len(self._drains) >= self._max_workers:  # the oldest is a departed worker's
+                del self._drains[next(iter(self._drains))]
+            drain = self._drains[worker_id] = _Drain()
+        if queued_tokens <= 0:
+            # Idle until now (a failed prefill reports no end). The busy time counted starts
+            # at the next prefill's end: up to there it holds one request's fixed cost
+            # (HTTP, a step's floor), which the alone line has, and a queue overlaps.
+            drain.busy_since_s = None
+        return PrefillMark(worker_id, at_s, drain.finished_tokens, alone=queued_tokens <= 0)
+
     def observe_prefill(
-        self, worker_id: str, queued_tokens: int, own_tokens: int, seconds: float
+        self, mark: PrefillMark, own_tokens: int, ended_s: float, queued_after: int
     ) -> None:
-        _fit_of(self._fits, worker_id, self._max_workers).add(
-            float(queued_tokens + own_tokens), seconds, self._decay
-        )
+        """The prefill of ``own_tokens`` sent at ``mark`` ended; ``queued_after`` tokens are
+        still under way on its worker."""
+        drain = self._drains.get(mark.worker_id)
+        if drain is None:
+            return  # the worker re-registered meanwhile: its new engine starts afresh
+        if drain.busy_since_s is not None:
+            # Decayed by busy time, not per prefill: a step's prefills end together, and
+            # per-prefill decay would weigh its tokens above the seconds it took.
+            seconds = max(0.0, ended_s - drain.busy_since_s)
+            keep = 0.5 ** (seconds / self._drain_half_life_s)
+            drain.tokens = drain.tokens * keep + own_tokens
+            drain.seconds = drain.seconds * keep + seconds
+            drain.samples += 1
+        drain.busy_since_s = ended_s if queued_after > 0 else None
+        alone = mark.alone and drain.finished_tokens == mark.finished_tokens
+        drain.finished_tokens += own_tokens
+        if alone:
+            _fit_of(self._fits, mark.worker_id, self._max_workers).add(
+                float(own_tokens), ended_s - mark.sent_s, self._decay
+            )
 
     def observe_handoff(self, decode_worker_id: str, requests: int, seconds: float) -> None:
         _fit_of(self._handoff_fits, decode_worker_id, self._max_workers).add(
             float(requests), seconds, self._decay
         )
+        self._pool_handoff.add(float(requests), seconds, self._decay)
 
 
 def _fit_of(fits: dict[str, _Fit], worker_id: str, max_workers: int) -> _Fit:
