@@ -28,6 +28,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     itl_s: list[float] = field(default_factory=list)
     error: str | None = None
+    # The router's admission forecast (its x-pdserve-predicted-ttft-ms header), if any.
+    predicted_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -52,6 +54,9 @@ async def stream_request(
     try:
         async with session.post(url, json=body, headers=headers) as response:
             result.status = response.status
+            predicted_ms = response.headers.get("x-pdserve-predicted-ttft-ms")
+            if predicted_ms is not None and predicted_ms.isdigit():
+                result.predicted_ttft_s = int(predicted_ms) / 1000
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:600]}"
                 result.e2e_s = time.perf_counter() - result.started_s  # how fast the refusal

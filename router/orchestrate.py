@@ -47,6 +47,7 @@ from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
 from router.usage import usage_in_answer, with_usage_requested
 
 log = logging.getLogger("pdserve.router")
+PREDICTED_TTFT_HEADER = "x-pdserve-predicted-ttft-ms"
 
 _ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
 
@@ -336,7 +337,9 @@ class Orchestrator:
             metrics.observe_usage(
                 request.model, tenant_class, usage, counts_prompt=request.counts_prompt
             )
-        return Response(content=payload, media_type="application/json")
+        return Response(
+            content=payload, media_type="application/json", headers=_admission_headers(request)
+        )
 
     async def _stream(
         self,
@@ -377,7 +380,8 @@ class Orchestrator:
             on_gap=metrics.itl_observer(model, request.stage), on_end=on_end, clock=self._clock,
             strip_usage=strip_usage,
         )  # fmt: skip
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        headers = {**SSE_HEADERS, **_admission_headers(request)}
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
     def _streamed(self, request: PreparedRequest, mode: str, stats: StreamStats) -> None:
         """A stream ended: its latencies, and its tokens when the engine reported usage."""
@@ -414,3 +418,10 @@ def _handoff_in(payload: bytes, *, issued_at_s: float) -> KVHandoff:
     if not isinstance(answer, dict):
         raise InvalidHandoff("the prefill answer is not a JSON object")
     return parse_handoff(answer.get("kv_transfer_params"), issued_at_s=issued_at_s)
+
+
+def _admission_headers(request: PreparedRequest) -> dict[str, str]:
+    """Admission's prediction, for a load test (or a client) to hold against what it saw."""
+    if request.predicted_ttft_s is None:
+        return {}
+    return {PREDICTED_TTFT_HEADER: str(round(request.predicted_ttft_s * 1000))}

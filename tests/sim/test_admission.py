@@ -133,6 +133,26 @@ def test_a_request_that_cannot_meet_its_ttft_target_behind_a_queue_is_refused_at
     assert post(cluster, body, **{"x-pdserve-ttft-slo-ms": "60000"}).status_code == 200
 
 
+def test_a_request_that_would_make_an_admitted_one_late_is_refused(cluster):
+    """An engine prefills what waits in one step: sent behind a prefill whose deadline is
+    near, even a short prompt would delay it. Refused, though it would be in time itself."""
+    short = {"prompt": "a short one", "max_tokens": 1}
+    assert post(cluster, short).status_code == 200  # on an idle pool: admitted
+    assert set_faults(cluster, "prefill-0", slowdown=100).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        urgent = {"prompt": " ".join(["urgent"] * 600), "max_tokens": 1}
+        ahead = pool.submit(post, cluster, urgent, **{"x-pdserve-ttft-slo-ms": "300"})
+        try:
+            wait_for(lambda: prefill_in_flight(cluster) > 0, 30, "a prefill in flight")
+            response = post(cluster, short)
+            assert_openai_error(response, 429, "ttft_slo_unattainable")
+            assert "already admitted" in response.json()["error"]["message"]
+        finally:
+            set_faults(cluster, "prefill-0", slowdown=1)
+        assert ahead.result(timeout=60).status_code == 200
+    assert post(cluster, short).status_code == 200
+
+
 def test_a_malformed_ttft_header_is_a_400_naming_it(cluster):
     response = post(cluster, {"prompt": "x", "max_tokens": 1}, **{"x-pdserve-ttft-slo-ms": "soon"})
     assert_openai_error(response, 400, "invalid_header")
@@ -140,9 +160,15 @@ def test_a_malformed_ttft_header_is_a_400_naming_it(cluster):
 
 
 def test_admitted_requests_export_their_predicted_ttft(cluster):
-    assert (
-        post(cluster, {"prompt": "predict me", "max_tokens": 2, "stream": False}).status_code == 200
-    )
+    answer = post(cluster, {"prompt": "predict me", "max_tokens": 2, "stream": False})
+    assert answer.status_code == 200
+    assert int(answer.headers["x-pdserve-predicted-ttft-ms"]) >= 0
+    with httpx.stream("POST", cluster.router_url + "/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "predict me", "max_tokens": 2,
+                            "stream": True},
+                      headers={"Authorization": "Bearer key-open"}) as streamed:  # fmt: skip
+        assert streamed.status_code == 200
+        assert int(streamed.headers["x-pdserve-predicted-ttft-ms"]) >= 0
     samples = scrape(cluster.router_url + "/metrics")
     assert total(samples, "pdserve_predicted_ttft_seconds_count") > 0
     assert total(samples, "pdserve_prefill_queue_limit_tokens") > 0

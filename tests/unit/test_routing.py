@@ -166,3 +166,52 @@ def test_a_plugin_name_cannot_be_registered_twice():
     with pytest.raises(ValueError, match="already registered"):
         register_filter("bounded_load")(lambda candidates, context: candidates)
     assert FILTERS["bounded_load"].__name__ == "bounded_load"
+
+
+def deadline_pick(workers, matched, loads, *, now_s, deadline_s, seconds_per_token):
+    """prefix_affinity with a prefill deadline, every worker draining at one rate."""
+    query = RouteQuery(prompt_tokens=10 * BLOCK, block_size=BLOCK, matched=matched)
+    context = PickContext(
+        query=query, turn=0, weights=parse_weights("uncached_tokens=1,queued_tokens=0.02"),
+        epsilon=10, now_s=now_s, prefill_deadline_s=deadline_s,
+        predict_prefill_s=lambda c: (c.inflight.tokens + c.uncached_tokens) * seconds_per_token,
+    )  # fmt: skip
+    return choose("prefix_affinity", workers, context, lambda w: loads.get(w, InFlight()))
+
+
+def in_flight(tokens: int, *deadlines_s: float) -> InFlight:
+    load = InFlight(requests=len(deadlines_s), tokens=tokens)
+    for deadline_s in deadlines_s:
+        load._add_deadline(deadline_s)
+    return load
+
+
+def test_the_cached_worker_keeps_its_affinity_while_it_can_serve_in_time():
+    loads = {"a": in_flight(320, 9.0)}
+    # a: (320 + 32) ms = 0.35 s; b: 160 ms, but cold. Both in time: the prefix wins.
+    decision = deadline_pick([worker("a"), worker("b")], {"a": 8}, loads,
+                             now_s=0.0, deadline_s=1.0, seconds_per_token=0.001)  # fmt: skip
+    assert (decision.worker.worker_id, decision.reason) == ("a", "prefix_hit")
+
+
+def test_a_prefix_worker_that_would_end_it_late_loses_it_to_one_in_time():
+    loads = {"a": in_flight(1200, 9.0)}
+    decision = deadline_pick([worker("a"), worker("b")], {"a": 8}, loads,
+                             now_s=0.0, deadline_s=1.0, seconds_per_token=0.001)  # fmt: skip
+    assert decision.worker.worker_id == "b"
+
+
+def test_work_that_would_push_an_earlier_prefill_past_its_deadline_goes_elsewhere():
+    # a would end this one at 0.35 s, in its own time, but a prefill already there is due
+    # at 0.3 s: an engine prefills what waits together, so this one would make it late.
+    loads = {"a": in_flight(320, 0.3), "b": in_flight(400, 5.0)}
+    decision = deadline_pick([worker("a"), worker("b")], {"a": 8}, loads,
+                             now_s=0.0, deadline_s=1.0, seconds_per_token=0.001)  # fmt: skip
+    assert decision.worker.worker_id == "b"
+
+
+def test_when_no_worker_is_in_time_the_least_late_one_is_picked():
+    loads = {"a": in_flight(3000, 9.0), "b": in_flight(2000, 9.0)}
+    decision = deadline_pick([worker("a"), worker("b")], {"a": 8}, loads,
+                             now_s=0.0, deadline_s=1.0, seconds_per_token=0.001)  # fmt: skip
+    assert decision.worker.worker_id == "b"
