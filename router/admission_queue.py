@@ -10,7 +10,10 @@ Invariants:
   within a class, tenants share by weight: the next grant goes to the tenant with the
   least ``served tokens / weight`` (a virtual time), and a tenant that arrives starts at
   the lowest virtual time present, so idling earns no credit to burst with later;
-- at most ``max_waiting`` requests wait; the next one is refused (``QueueFull``).
+- at most ``max_waiting`` requests wait; the next one is refused (``QueueFull``);
+- ``sheltered``: a tenant within its weighted share of ``limit_tokens`` while another is
+  over its own is not the one to refuse when the pool is full: admission queues it
+  (where it goes first) instead of refusing it for a queue that others made.
 
 Grants are released by the caller once the request's prefill is done (or it failed).
 """
@@ -44,16 +47,17 @@ class _Waiter:
 class Grant:
     """Admitted prefill tokens; ``release`` once the prefill is done (idempotent)."""
 
-    __slots__ = ("_queue", "cost")
+    __slots__ = ("_queue", "cost", "tenant")
 
-    def __init__(self, queue: PrefillQueue | None, cost: int) -> None:
+    def __init__(self, queue: PrefillQueue | None, cost: int, tenant: str = "") -> None:
         self._queue = queue
         self.cost = cost
+        self.tenant = tenant
 
     def release(self) -> None:
         queue, self._queue = self._queue, None
         if queue is not None:
-            queue._released(self.cost)
+            queue._released(self.cost, self.tenant)
 
 
 class PrefillQueue:
@@ -67,6 +71,7 @@ class PrefillQueue:
         self._waiting = 0
         self._arrivals = 0
         self.waiting_tokens = 0
+        self._admitted_by: dict[str, list[float]] = {}  # tenant -> [tokens, weight]
 
     def __repr__(self) -> str:
         return (
@@ -101,8 +106,8 @@ class PrefillQueue:
     ) -> Grant:  # fmt: skip
         self.limit_tokens = limit_tokens
         if self._waiting == 0 and self._fits(cost):
-            self.admitted_tokens += cost
-            return Grant(self, cost)
+            self._admit(tenant, weight, cost)
+            return Grant(self, cost, tenant)
         if self._waiting >= self._max_waiting:
             raise QueueFull(f"{self._waiting} requests already wait (max_queued_requests)")
         self._arrivals += 1
@@ -116,9 +121,30 @@ class PrefillQueue:
             self._leave(priority, waiter)
             raise
         if waiter.future.done():
-            return Grant(self, cost)
+            return Grant(self, cost, tenant)
         self._leave(priority, waiter)
         raise QueueDeadline("the request's TTFT deadline passed while it waited")
+
+    def sheltered(self, tenant: str, weight: float, cost: int, limit_tokens: int) -> bool:
+        """Is this tenant, with this request, within its weighted share of the limit while
+        another tenant is over its own? Shares split the limit among the tenants with
+        work admitted or waiting (this one included), by weight."""
+        weights = {t: w for t, (_, w) in self._admitted_by.items()}
+        for tenants in self._classes.values():
+            weights.update((t, queue[0].weight) for t, queue in tenants.items() if queue)
+        weights[tenant] = weight
+        per_weight = limit_tokens / sum(weights.values())
+        mine = self._admitted_by.get(tenant, (0.0,))[0] + cost
+        if mine > per_weight * weight:
+            return False
+        return any(tokens > per_weight * w for t, (tokens, w) in self._admitted_by.items()
+                   if t != tenant)  # fmt: skip
+
+    def _admit(self, tenant: str, weight: float, cost: int) -> None:
+        self.admitted_tokens += cost
+        held = self._admitted_by.setdefault(tenant, [0.0, weight])
+        held[0] += cost
+        held[1] = weight
 
     def _fits(self, cost: int) -> bool:
         return self.admitted_tokens == 0 or self.admitted_tokens + cost <= self.limit_tokens
@@ -137,7 +163,7 @@ class PrefillQueue:
         """Take a waiter out (deadline or cancel); a grant made meanwhile is given back."""
         if waiter.future.done():
             if not waiter.future.cancelled():
-                self._released(waiter.cost)
+                self._released(waiter.cost, waiter.tenant)
             return
         waiter.future.cancel()
         queue = self._classes.get(priority, {}).get(waiter.tenant)
@@ -157,8 +183,13 @@ class PrefillQueue:
             if not tenants:
                 del self._classes[priority]
 
-    def _released(self, cost: int) -> None:
+    def _released(self, cost: int, tenant: str) -> None:
         self.admitted_tokens -= cost
+        held = self._admitted_by.get(tenant)
+        if held is not None:
+            held[0] -= cost
+            if held[0] <= 0:
+                del self._admitted_by[tenant]
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -176,5 +207,5 @@ class PrefillQueue:
             self.waiting_tokens -= head.cost
             self._virtual[(priority, tenant)] += head.cost / head.weight
             self._drop_if_empty(priority, tenant)
-            self.admitted_tokens += head.cost
+            self._admit(head.tenant, head.weight, head.cost)
             head.future.set_result(None)

@@ -19,7 +19,9 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    on every first-hop worker, a prefill already under way past its deadline (an engine
    prefills what waits in one step, so later work delays earlier work): admitted
    requests keep their promise. The grant carries the request's prefill deadline, which
-   the scheduler's ``ttft_budget`` filter keeps to when it picks the worker;
+   the scheduler's ``ttft_budget`` filter keeps to when it picks the worker. Neither
+   refusal falls on a tenant within its weighted share of the queue's limit while
+   another tenant is over its own: that request waits in the queue, where it goes first;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + target - its own
@@ -115,7 +117,8 @@ class Admission:
         if pools.first_hop and (pools.colocated or pools.decode):
             forecast = self._forecast(request, pools, dict.fromkeys(
                 (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
-            self._refuse_if_late(request, forecast, self._target_s(request))
+            if not self._sheltered(request, pools, forecast):
+                self._refuse_if_late(request, forecast, self._target_s(request))
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
@@ -135,7 +138,8 @@ class Admission:
         slo_s = self._target_s(request)
         uncached = self._scheduler.uncached_tokens(pools.first_hop, blocks)
         forecast = self._forecast(request, pools, uncached)
-        self._refuse_if_late(request, forecast, slo_s)
+        if not self._sheltered(request, pools, forecast):
+            self._refuse_if_late(request, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
             # Again after the wait, with nothing awaited between this and the decode pick:
@@ -217,6 +221,16 @@ class Admission:
         slo_s = min(model_slo_s, request.ttft_slo_s or model_slo_s)
         return slo_s * self._settings.ttft_slo_headroom
 
+    def _sheltered(self, request: PreparedRequest, pools: Pools, forecast: _Forecast) -> bool:
+        """A tenant within its share while another is over its own waits in the queue, where
+        it goes first, rather than being refused for a queue the other made."""
+        queue = self._queues.get(request.model)
+        if queue is None:
+            return False
+        limit = self._queue_limit_tokens(request.model, pools.first_hop)
+        policy = request.tenant.policy
+        return queue.sheltered(request.tenant.name, policy.weight, forecast.uncached_tokens, limit)
+
     def _refuse_if_late(self, request: PreparedRequest, forecast: _Forecast, slo_s: float) -> None:
         # Refused only when a queue is what makes it late: alone on idle workers a request
         # is as fast as it can be, and serving it keeps the predictor learning.
@@ -256,13 +270,21 @@ class Admission:
         best = min(roomy or first_hop, key=ttft_on)
         queue = self._queues.get(request.model)
         own_tokens = uncached[best.worker_id]
-        ahead = 0
+        ahead = admitted = 0
         if queue is not None:
             ahead = queue.tokens_ahead(
                 priority=request.priority, tenant=request.tenant.name,
                 weight=request.tenant.policy.weight, cost=own_tokens,
             )  # fmt: skip
+            admitted = queue.admitted_tokens
         pool_tokens_per_s = sum(predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        # The queue grants it once what is admitted (and ahead of it) has drained enough to
+        # fit it under the limit, all of it for a prompt over the limit: a long prompt
+        # behind a busy pool waits for the pool to empty, which the queue ahead misses.
+        over_limit = (
+            admitted + ahead + own_tokens - self._queue_limit_tokens(request.model, first_hop)
+        )
+        grant_wait_s = min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
         handoff_s = idle_handoff_s = 0.0
         decode_busy = False
         if pools.disaggregated:
@@ -271,7 +293,11 @@ class Admission:
             idle_handoff_s = min(predictor.handoff_s(w, 1) for w in in_flight)
             decode_busy = min(in_flight.values()) > 0
         return _Forecast(
-            ttft_s=ttft_on(best) + ahead / pool_tokens_per_s + handoff_s,
+            ttft_s=max(
+                ttft_on(best) + ahead / pool_tokens_per_s,
+                grant_wait_s + predictor.prefill_s(best.worker_id, 0, own_tokens),
+            )
+            + handoff_s,
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
             uncached_tokens=own_tokens,
             queued=bool(ahead or self._load.of(best.worker_id).tokens or decode_busy),

@@ -149,3 +149,20 @@ async def test_the_tokens_ahead_of_a_newcomer_are_its_fair_share_not_the_whole_q
     await settle()
     holder.release()
     assert queue.waiting == 0
+
+
+async def test_a_tenant_within_its_share_beside_one_over_its_own_is_sheltered():
+    queue = PrefillQueue(max_waiting=10, clock=Clock())
+    noisy = [await enter(queue, "noisy", 300, limit=1000) for _ in range(3)]  # 900 of 1000
+    # Two tenants: 500 each. polite (100) is within its share, noisy (900) over its own.
+    assert queue.sheltered("polite", 1.0, 100, 1000)
+    assert not queue.sheltered("polite", 1.0, 600, 1000)  # this request puts it over
+    assert not queue.sheltered("noisy", 1.0, 100, 1000)  # the one over its share
+    # Weights split the limit: at 1:3, noisy's share is 250 and polite's 750.
+    assert queue.sheltered("polite", 3.0, 700, 1000)
+    for grant in noisy[:2]:
+        grant.release()
+    # noisy holds 300, within its 500: nobody is over, so nobody is sheltered.
+    assert not queue.sheltered("polite", 1.0, 100, 1000)
+    noisy[2].release()
+    assert not queue.sheltered("noisy", 1.0, 100, 1000)  # alone, there is nobody to blame
