@@ -300,7 +300,9 @@ class Admission:
             + handoff_s,
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
             uncached_tokens=own_tokens,
-            queued=bool(ahead or self._load.of(best.worker_id).tokens or decode_busy),
+            queued=bool(
+                ahead or grant_wait_s or self._load.of(best.worker_id).tokens or decode_busy
+            ),
             handoff_s=handoff_s,
             crowded=not roomy,
         )

@@ -94,6 +94,16 @@ def test_a_prompt_over_the_queue_limit_behind_a_busy_pool_is_refused_at_once_not
     assert rig.admit(1500).request.predicted_ttft_s == pytest.approx(1.7)
 
 
+def test_the_grants_wait_alone_is_a_queue_to_refuse_for():
+    # 900 tokens granted (on their way to the engine, not there yet): the prefill worker
+    # and the decode are idle, yet the 1500-token prompt waits for the grant.
+    rig = Rig(prefill_queue_tokens_per_worker=1000)
+    rig.admit(900)
+    with pytest.raises(Overloaded) as refused:
+        rig.admit(1500)
+    assert refused.value.code == "ttft_slo_unattainable"
+
+
 def test_a_tenant_within_its_share_waits_in_the_queue_instead_of_paying_for_anothers_burst():
     rig = Rig(prefill_queue_tokens_per_worker=1000)
 
