@@ -34,6 +34,13 @@ class PromptError(ValueError):
     """The request's prompt or messages cannot be tokenized; the client's fault."""
 
 
+_PROMPT_SHAPE = "prompt must be a string, or a non-empty list of token ids"
+
+
+def _is_token_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(type(t) is int for t in prompt)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelTokenizer:
     tokenizer: Tokenizer
@@ -103,21 +110,37 @@ class ModelTokenizer:
             prompt = prompt[0]
         if isinstance(prompt, str):
             return self.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if _is_token_ids(prompt):
             return list(prompt)
-        raise PromptError("prompt must be a string, or a non-empty list of token ids")
+        raise PromptError(_PROMPT_SHAPE)
 
     def request_ids(self, body: dict[str, Any], *, chat: bool) -> list[int]:
         """The prompt token ids of an OpenAI request body, as vLLM computes them."""
+        text = self.request_text(body, chat=chat)
+        if text is None:
+            return self.completion_ids(body.get("prompt"))
+        return self.encode(text[0], add_special_tokens=text[1])
+
+    def request_text(self, body: dict[str, Any], *, chat: bool) -> tuple[str, bool] | None:
+        """The text vLLM encodes for this body, and whether with the tokenizer's specials;
+        None when the prompt is token ids already."""
         if chat:
             kwargs = body.get("chat_template_kwargs")
-            return self.chat_ids(
+            text = self.render_chat(
                 body.get("messages"),  # type: ignore[arg-type]
                 add_generation_prompt=body.get("add_generation_prompt", True) is not False,
                 tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
                 template_kwargs=kwargs if isinstance(kwargs, dict) else None,
             )
-        return self.completion_ids(body.get("prompt"))
+            return text, False
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return prompt, True
+        if _is_token_ids(prompt):
+            return None
+        raise PromptError(_PROMPT_SHAPE)
 
 
 def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:

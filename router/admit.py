@@ -42,7 +42,7 @@ from router.context_window import context_limit
 from router.errors import Overloaded
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
-from router.prepare import PreparedRequest
+from router.prepare import PreparedRequest, PromptHead
 from router.prompt_blocks import PromptBlocks
 from router.registry import Pools, WorkerState
 from router.request_limits import (
@@ -111,14 +111,32 @@ class Admission:
         """The request's shape, before its prompt is tokenized."""
         check_shape(request, self._settings)
 
-    def precheck(self, request: PreparedRequest, pools: Pools) -> None:
+    def precheck(self, request: PreparedRequest, pools: Pools) -> bool:
         """Before tokenizing: refuse at once when the queue ahead alone would make it late
-        (its own prefill only adds), so an overloaded pool's 429 costs no tokenization."""
-        if pools.first_hop and (pools.colocated or pools.decode):
-            forecast = self._forecast(request, pools, dict.fromkeys(
-                (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
-            if not self._sheltered(request, pools, forecast):
-                self._refuse_if_late(request, forecast, self._target_s(request))
+        (its own prefill only adds), so an overloaded pool's 429 costs no tokenization.
+        True: a queue is ahead of it (``precheck_head`` may then refuse it)."""
+        if not (pools.first_hop and (pools.colocated or pools.decode)):
+            return False
+        forecast = self._forecast(request, pools, dict.fromkeys(
+            (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
+        if not self._sheltered(request, pools, forecast):
+            self._refuse_if_late(request, forecast, self._target_s(request))
+        return forecast.queued
+
+    def precheck_head(self, request: PreparedRequest, pools: Pools, head: PromptHead) -> None:
+        """Before tokenizing a long prompt whole: on a worker whose cached prefix ends
+        inside the head, the rest is uncached too (a cached prefix is contiguous from the
+        first block); on one that holds the whole head, nothing more is known. Refuse at
+        once if even that makes it late."""
+        block_size = head.blocks.block_size
+        uncached = {
+            worker_id: n + head.rest_tokens if n >= block_size else 1
+            for worker_id, n in self._scheduler.uncached_tokens(pools.first_hop,
+                                                                head.blocks).items()
+        }  # fmt: skip
+        forecast = self._forecast(request, pools, uncached)
+        if not self._sheltered(request, pools, forecast):
+            self._refuse_if_late(request, forecast, self._target_s(request), at_least=True)
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
@@ -231,7 +249,9 @@ class Admission:
         policy = request.tenant.policy
         return queue.sheltered(request.tenant.name, policy.weight, forecast.uncached_tokens, limit)
 
-    def _refuse_if_late(self, request: PreparedRequest, forecast: _Forecast, slo_s: float) -> None:
+    def _refuse_if_late(
+        self, request: PreparedRequest, forecast: _Forecast, slo_s: float, *, at_least: bool = False
+    ) -> None:
         # Refused only when a queue is what makes it late: alone on idle workers a request
         # is as fast as it can be, and serving it keeps the predictor learning.
         if not forecast.queued:
@@ -239,7 +259,8 @@ class Admission:
         if forecast.ttft_s > slo_s:
             raise self._refused(
                 request, "ttft_slo_unattainable",
-                f"predicted time to first token {forecast.ttft_s:.2f}s is over the "
+                f"predicted time to first token {'at least ' if at_least else ''}"
+                f"{forecast.ttft_s:.2f}s is over the "
                 f"{slo_s:.2f}s target; the prefill queue is full, retry later",
                 wait_s=forecast.ttft_s - slo_s,
             )  # fmt: skip

@@ -1,6 +1,7 @@
 """A generation request's path through the router, stage by stage.
 
-    api -> prepare -> [fan_out] -> measure_prompt -> admit -> schedule + orchestrate -> relay
+    api -> prepare -> [fan_out] -> [measure_head] -> measure_prompt -> admit
+        -> schedule + orchestrate -> relay
 
 ``api.py`` reads and authorizes the body and calls ``prepare``; this module runs the
 rest for each choice: the pools that would serve it now, its prompt measured with that
@@ -19,7 +20,7 @@ from fastapi.responses import Response
 from router.admit import Admission
 from router.fan_out import serve_choices, split_choices
 from router.orchestrate import Orchestrator
-from router.prepare import PreparedRequest, measure_prompt
+from router.prepare import PreparedRequest, measure_head, measure_prompt
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerRegistry
 from router.settings import ServerSettings
@@ -65,7 +66,11 @@ class RequestPipeline:
     async def serve_one(self, request: PreparedRequest) -> Response:
         """One choice: measure, admit, schedule and orchestrate."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
-        self._admission.precheck(request, pools)
+        if self._admission.precheck(request, pools):
+            head = measure_head(request, pools.first_hop, self._hashers,
+                                head_chars=self._settings.early_bound_head_chars)  # fmt: skip
+            if head is not None:
+                self._admission.precheck_head(request, pools, head)
         blocks = await self._measure(request, pools)
         admitted = await self._admission.admit(request, pools, blocks)
         try:

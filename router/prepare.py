@@ -6,6 +6,11 @@ Two steps, because a request for several choices is split between them (fan_out.
 - ``measure_prompt``: tokenize as vLLM does (the pool's tokenizer and chat template),
   apply the context-length guard, and cut the ids into hashed blocks. Once per choice,
   with the pool that will serve it.
+
+Before it, a long prompt headed for a busy pool may be measured in part
+(``measure_head``): its first few thousand characters, tokenized and hashed, tell how
+far each worker's cached prefix can reach into it, so admission can refuse one that
+would be late without tokenizing it all.
 """
 
 from __future__ import annotations
@@ -135,6 +140,55 @@ def _slo_s(header: str | None) -> float | None:
             param="x-pdserve-ttft-slo-ms", code="invalid_header",
         )  # fmt: skip
     return milliseconds / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptHead:
+    """A long prompt's first characters, tokenized and cut into whole hashed blocks."""
+
+    blocks: PromptBlocks
+    # The tokens after those blocks, estimated on the low side from the head's own tokens
+    # per character (a bound would need the longest token, several times too low).
+    rest_tokens: int
+
+
+# The last tokens before a cut may merge with the text after it; not counted as the head's.
+_CUT_MARGIN_TOKENS = 2
+# Of the head's tokens per character, what the rest is assumed to have at least.
+_REST_TOKENS_SHARE = 0.8
+
+
+def measure_head(
+    request: PreparedRequest, workers: Sequence[WorkerState], hashers: BlockHashers, *,
+    head_chars: int,
+) -> PromptHead | None:  # fmt: skip
+    """The head of a prompt of over twice ``head_chars`` characters; None for a shorter
+    one, token ids, or a prompt ``measure_prompt`` will refuse."""
+    registration = next((w.registration for w in workers if w.registration.block_size), None)
+    if registration is None or registration.tokenizer_path is None or head_chars <= 0:
+        return None
+    if _prompt_chars(request) <= 2 * head_chars:
+        return None
+    tokenizer = load_tokenizer(registration.tokenizer_path)
+    try:
+        spec = tokenizer.request_text(request.body, chat=request.chat)
+    except (PromptError, TypeError, AttributeError):
+        return None
+    cut = -1 if spec is None else spec[0].rfind(" ", 0, head_chars)
+    if spec is None or cut <= 0:
+        return None
+    text, specials = spec
+    ids = tokenizer.encode(text[:cut], add_special_tokens=specials)
+    assert registration.block_size is not None
+    whole = (len(ids) - _CUT_MARGIN_TOKENS) // registration.block_size * registration.block_size
+    if whole <= 0:
+        return None
+    blocks = hashers.blocks(
+        ids[:whole], block_size=registration.block_size,
+        algorithm=registration.prefix_caching_hash_algo, seed=registration.prefix_hash_seed,
+    )  # fmt: skip
+    rest = (len(text) - cut) * len(ids) / cut * _REST_TOKENS_SHARE
+    return PromptHead(blocks, rest_tokens=len(ids) - whole + int(rest))
 
 
 async def measure_prompt(

@@ -14,8 +14,8 @@ from router.errors import Overloaded
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
 from router.prefix_tracking import PrefixTracker
-from router.prepare import Endpoint, PreparedRequest
-from router.prompt_blocks import PromptBlocks
+from router.prepare import Endpoint, PreparedRequest, PromptHead
+from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerState
 from router.routing_stats import RoutingStats
 from router.schedule import Scheduler
@@ -39,9 +39,11 @@ class Rig:
         self.now = 0.0
         clock = lambda: self.now  # noqa: E731
         self.load = InFlightLoad()
+        self.hashers = BlockHashers(memo_entries=1000)
         self.predictor = TTFTPredictor(prior_tokens_per_s=RATE)
         stats = RoutingStats(hotspot_window_requests=100)
-        prefixes = PrefixTracker(IndexSettings(), clock=clock, on_event=lambda *_: None)
+        self.prefixes = prefixes = PrefixTracker(IndexSettings(), clock=clock,
+                                                 on_event=lambda *_: None)  # fmt: skip
         scheduler = Scheduler(RoutingSettings(), load=self.load, prefixes=prefixes, stats=stats,
                               predictor=self.predictor, clock=clock)  # fmt: skip
         metrics = RouterMetrics(window_s=60, recent_ttft_samples=100, clock=clock)
@@ -127,3 +129,20 @@ def test_a_tenant_within_its_share_waits_in_the_queue_instead_of_paying_for_anot
         assert (await polite).request.tenant.name == "polite"
 
     asyncio.run(scenario())
+
+
+def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_the_rest():
+    rig = Rig()
+    rig.load.begin("p", 1000)  # 1 s queued: alone, not a reason to refuse
+    head_ids = list(range(512))
+    head = PromptHead(rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256",
+                                         seed=None), rest_tokens=1500)  # fmt: skip
+    # Nothing of it is cached: at least 512 + 1500 tokens, 2 s, after the queue's 1 s.
+    with pytest.raises(Overloaded) as refused:
+        rig.admission.precheck_head(rig.request(), rig.pools, head)
+    assert refused.value.code == "ttft_slo_unattainable"
+    assert "at least" in str(refused.value)
+    # The worker holds the whole head: how much more it holds is unknown, so no refusal.
+    rig.prefixes.record("p", rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256",
+                                                seed=None))  # fmt: skip
+    rig.admission.precheck_head(rig.request(), rig.pools, head)

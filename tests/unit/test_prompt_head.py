@@ -1,0 +1,59 @@
+"""A long prompt's head, tokenized alone, hashes to the same leading blocks as the whole
+prompt, and estimates the rest on the low side (the real tiny-llama tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from contracts.workers import WorkerRegistration, WorkerRole
+from modelstore import tiny_llama
+from router.prepare import Endpoint, PreparedRequest, measure_head, measure_prompt
+from router.prompt_blocks import BlockHashers
+from router.registry import WorkerState
+
+
+def prefill_worker() -> WorkerState:
+    registration = WorkerRegistration(
+        worker_id="p", role=WorkerRole.PREFILL, model="m", engine_url="http://e",
+        block_size=16, tokenizer_path=str(tiny_llama.ensure()), max_model_len=1_000_000,
+    )  # fmt: skip
+    return WorkerState(registration, 0.0)
+
+
+def request(body: dict, *, chat: bool) -> PreparedRequest:
+    return PreparedRequest(
+        endpoint=Endpoint.CHAT if chat else Endpoint.COMPLETIONS, body=body, model="m",
+        stream=False, arrived_s=0.0, requested_model="m",
+    )  # fmt: skip
+
+
+def text(words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    vocabulary = ["the", "router", "prefill", "decode", "cache,", "tokens.", "Mooncake", "42"]
+    return " ".join(rng.choice(vocabulary) for _ in range(words))
+
+
+def test_the_heads_blocks_are_the_whole_prompts_leading_blocks_and_the_rest_is_not_overrated():
+    worker, hashers = prefill_worker(), BlockHashers(memo_entries=10_000)
+    for chat in (False, True):
+        prompt = text(3000, seed=7)
+        body = ({"messages": [{"role": "user", "content": prompt}]} if chat
+                else {"prompt": prompt})  # fmt: skip
+        head = measure_head(request(body, chat=chat), [worker], hashers, head_chars=2048)
+        whole = asyncio.run(measure_prompt(request(body, chat=chat), [worker], hashers,
+                                           offload_chars=10**9))  # fmt: skip
+        assert head is not None
+        head_hashes = head.blocks.all()
+        assert len(head_hashes) >= 16  # ~2k characters of it, whole blocks only
+        assert whole.all()[: len(head_hashes)] == head_hashes
+        rest = whole.token_count - head.blocks.token_count
+        assert 0.6 * rest <= head.rest_tokens <= rest
+
+
+def test_short_prompts_and_token_ids_are_not_measured_in_part():
+    worker, hashers = prefill_worker(), BlockHashers(memo_entries=100)
+    short = request({"prompt": text(100, seed=1)}, chat=False)
+    ids = request({"prompt": list(range(5000))}, chat=False)
+    assert measure_head(short, [worker], hashers, head_chars=2048) is None
+    assert measure_head(ids, [worker], hashers, head_chars=2048) is None
