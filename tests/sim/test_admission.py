@@ -140,7 +140,7 @@ def test_a_request_that_would_make_an_admitted_one_late_is_refused(cluster):
     assert post(cluster, short).status_code == 200  # on an idle pool: admitted
     assert set_faults(cluster, "prefill-0", slowdown=100).status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        urgent = {"prompt": " ".join(["urgent"] * 600), "max_tokens": 1}
+        urgent = {"prompt": " ".join(["urgent"] * 100), "max_tokens": 1}
         ahead = pool.submit(post, cluster, urgent, **{"x-pdserve-ttft-slo-ms": "300"})
         try:
             wait_for(lambda: prefill_in_flight(cluster) > 0, 30, "a prefill in flight")
