@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt
 import psutil
 
 from agent import process_group
+from benchmarks.prometheus_text import scrape, total
 from benchmarks.words import WordSource
 from contracts.tokenization import load_tokenizer
 from contracts.workers import WorkerRegistration
@@ -122,17 +123,31 @@ def cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
-def measure(url: str, pid: int, payloads: list[bytes], concurrency: int) -> dict:
+def measure(url: str, pid: int, payloads: list[bytes], concurrency: int, *,
+            tokenize_metric_url: str | None = None) -> dict:  # fmt: skip
+    """``tokenize_metric_url``: the router's /metrics, for the CPU its own tokenizing took
+    in the same requests (read outside the CPU measurement)."""
     # Warm: connections, caches, and admission's per-worker prefill rate (it starts from
     # a prior and learns from the prefills it admits).
     asyncio.run(load(url, payloads[:WARM], concurrency))
+    tokenized_before = _tokenize_cpu_s(tokenize_metric_url)
     started_cpu, started = cpu_s(pid), time.monotonic()
     failures = asyncio.run(load(url, payloads[WARM:], concurrency))
     requests = len(payloads) - WARM
     cpu = cpu_s(pid) - started_cpu
-    return {"requests": requests, "failures": failures, "cpu_s": round(cpu, 4),
-            "wall_s": round(time.monotonic() - started, 3),
-            "cpu_ms_per_request": round(1000 * cpu / requests, 4)}  # fmt: skip
+    result = {"requests": requests, "failures": failures, "cpu_s": round(cpu, 4),
+              "wall_s": round(time.monotonic() - started, 3),
+              "cpu_ms_per_request": round(1000 * cpu / requests, 4)}  # fmt: skip
+    if tokenize_metric_url is not None:
+        tokenized_s = _tokenize_cpu_s(tokenize_metric_url) - tokenized_before
+        result["tokenize_cpu_ms_per_request"] = round(1000 * tokenized_s / requests, 4)
+    return result
+
+
+def _tokenize_cpu_s(metrics_url: str | None) -> float:
+    if metrics_url is None:
+        return 0.0
+    return total(scrape(metrics_url), "pdserve_tokenize_cpu_seconds_sum")
 
 
 def tokenization_ms(words: WordSource, model_dir: Path, tokens: int, count: int) -> float:
@@ -240,7 +255,9 @@ def run(args: argparse.Namespace) -> dict:
                 for door in order:
                     url, pid = targets[door]
                     payloads = bodies(scenario, words, count, salt=f"{door}-{round_index}")
-                    result = measure(url, pid, payloads, args.concurrency)
+                    metric_url = url + "/metrics" if door.startswith("router") else None
+                    result = measure(url, pid, payloads, args.concurrency,
+                                     tokenize_metric_url=metric_url)  # fmt: skip
                     results[door].setdefault(scenario.name, []).append(result)
                     # Kept as it comes: a crash later loses no measurement.
                     partial.write_text(json.dumps(results, indent=1))
@@ -262,6 +279,10 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
     }  # fmt: skip
     per_token = {door: (m["stream_512"] - m["short_stream"]) / 511 for door, m in median.items()}
     router = median["router"]
+    own_tokenize = {
+        name: statistics.median(r.get("tokenize_cpu_ms_per_request", 0.0) for r in runs)
+        for name, runs in results["router"].items()
+    }  # fmt: skip
     return {
         "command": "python -m benchmarks.router_cpu " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -284,6 +305,15 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         "router_over_fastapi": {n: round(router[n] / median["fastapi"][n], 2) for n in router},
         "router_2k_over_tokenization": round(router["prompt_2k"] / tokenize["2000"], 2),
         "router_8k_over_tokenization": round(router["prompt_8k"] / tokenize["8000"], 2),
+        # The same ratio against the router's own tokenizing in the same requests (its
+        # tokenizing thread's CPU time, from pdserve_tokenize_cpu_seconds): one run, one
+        # process, one load, where the idle reference above ran alone after the run.
+        "router_tokenize_cpu_ms_per_request": own_tokenize,
+        "router_over_own_tokenization": {
+            n: round(router[n] / own_tokenize[n], 2)
+            for n in ("prompt_2k", "prompt_8k")
+            if own_tokenize.get(n)
+        },
         "router_requests_per_core_s": {n: round(1000 / v, 1) for n, v in router.items()},
         "not_200": {
             door: {name: [r["failures"] for r in runs] for name, runs in per.items()}

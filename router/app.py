@@ -136,7 +136,8 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     )  # fmt: skip
     pipeline = RequestPipeline(
         settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
-        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries), clock=clock,
+        metrics=metrics, clock=clock,
+        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries),
     )  # fmt: skip
     rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(

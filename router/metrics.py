@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
@@ -338,6 +345,13 @@ class RouterMetrics:
             "Arrival to the 429 for requests admission refused (queue waits included)",
             ["model", "reason"],
             buckets=_FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.tokenize_cpu = Summary(
+            "pdserve_tokenize_cpu_seconds",
+            "CPU seconds the router spent tokenizing each measured prompt (the tokenizing "
+            "thread's own time): with process CPU per request, what the rest costs",
+            ["model"],
             registry=r,
         )
         self.predicted_ttft = Histogram(

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from router.admit import Admission
 from router.fan_out import serve_choices, split_choices
+from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
 from router.prepare import PreparedRequest, measure_head, measure_prompt
 from router.prompt_blocks import BlockHashers, PromptBlocks
@@ -35,6 +36,7 @@ class RequestPipeline:
         hashers: BlockHashers,
         admission: Admission,
         orchestrator: Orchestrator,
+        metrics: RouterMetrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
@@ -42,6 +44,7 @@ class RequestPipeline:
         self._hashers = hashers
         self._admission = admission
         self._orchestrator = orchestrator
+        self._metrics = metrics
         self._clock = clock
 
     def __repr__(self) -> str:
@@ -91,6 +94,7 @@ class RequestPipeline:
         return await measure_prompt(
             request, pools.first_hop, self._hashers,
             offload_chars=self._settings.tokenize_offload_chars,
+            on_tokenized=self._metrics.tokenize_cpu.labels(request.model).observe,
         )  # fmt: skip
 
     def busy(self, request: PreparedRequest, shadow_version: str | None) -> bool:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,8 +198,10 @@ async def measure_prompt(
     hashers: BlockHashers,
     *,
     offload_chars: int,
+    on_tokenized: Callable[[float], None] = lambda cpu_s: None,
 ) -> PromptBlocks:
-    """The prompt's hashed blocks, with the pool's tokenizer, block size and hash."""
+    """The prompt's hashed blocks, with the pool's tokenizer, block size and hash.
+    ``on_tokenized`` gets the CPU seconds the tokenizing took (its thread's own time)."""
     registration = next((w.registration for w in workers if w.registration.block_size), None)
     if registration is None or registration.tokenizer_path is None:
         return PromptBlocks.unknown()
@@ -212,11 +215,12 @@ async def measure_prompt(
         if chars > offload_chars:
             # Long prompts tokenize in a thread (the Rust tokenizer drops the GIL),
             # so one huge prompt does not stall every stream on the event loop.
-            ids = await asyncio.to_thread(_token_ids, tokenizer, request)
+            ids, cpu_s = await asyncio.to_thread(_token_ids, tokenizer, request)
         else:
-            ids = _token_ids(tokenizer, request)
+            ids, cpu_s = _token_ids(tokenizer, request)
     except (PromptError, TypeError, AttributeError) as error:
         raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
+    on_tokenized(cpu_s)
     if limit:
         check_prompt_tokens(len(ids), limit, param)
     assert registration.block_size is not None
@@ -226,8 +230,10 @@ async def measure_prompt(
     )  # fmt: skip
 
 
-def _token_ids(tokenizer: ModelTokenizer, request: PreparedRequest) -> list[int]:
-    return tokenizer.request_ids(request.body, chat=request.chat)
+def _token_ids(tokenizer: ModelTokenizer, request: PreparedRequest) -> tuple[list[int], float]:
+    started_s = time.thread_time()
+    ids = tokenizer.request_ids(request.body, chat=request.chat)
+    return ids, time.thread_time() - started_s
 
 
 def _prompt_chars(request: PreparedRequest) -> int:

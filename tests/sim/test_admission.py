@@ -171,6 +171,9 @@ def test_admitted_requests_export_their_predicted_ttft(cluster):
         assert int(streamed.headers["x-pdserve-predicted-ttft-ms"]) >= 0
     samples = scrape(cluster.router_url + "/metrics")
     assert total(samples, "pdserve_predicted_ttft_seconds_count") > 0
+    # What the router's own tokenizing cost, beside the process's CPU (issue 18's ratio).
+    assert total(samples, "pdserve_tokenize_cpu_seconds_count") > 0
+    assert total(samples, "pdserve_tokenize_cpu_seconds_sum") > 0
     assert total(samples, "pdserve_prefill_queue_limit_tokens") > 0
 
 
