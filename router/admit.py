@@ -123,6 +123,14 @@ class Admission:
             self._refuse_if_late(request, forecast, self._target_s(request))
         return forecast.queued
 
+    def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
+        """Could the prompt, all of its ``tokens_at_most`` uncached, be refused? If not,
+        measuring its head for ``precheck_head`` is wasted work."""
+        uncached = dict.fromkeys((w.worker_id for w in pools.first_hop), tokens_at_most)
+        forecast = self._forecast(request, pools, uncached)
+        late = forecast.ttft_s > self._target_s(request) or forecast.crowded
+        return forecast.queued and late and not self._sheltered(request, pools, forecast)
+
     def precheck_head(self, request: PreparedRequest, pools: Pools, head: PromptHead) -> None:
         """Before tokenizing a long prompt whole: on a worker whose cached prefix ends
         inside the head, the rest is uncached too (a cached prefix is contiguous from the

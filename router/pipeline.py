@@ -21,7 +21,13 @@ from router.admit import Admission
 from router.fan_out import serve_choices, split_choices
 from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
-from router.prepare import PreparedRequest, measure_head, measure_prompt
+from router.prepare import (
+    PreparedRequest,
+    measure_head,
+    measure_prompt,
+    prompt_chars,
+    tokens_at_most,
+)
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerRegistry
 from router.settings import ServerSettings
@@ -69,9 +75,13 @@ class RequestPipeline:
     async def serve_one(self, request: PreparedRequest) -> Response:
         """One choice: measure, admit, schedule and orchestrate."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
-        if self._admission.precheck(request, pools):
-            head = measure_head(request, pools.first_hop, self._hashers,
-                                head_chars=self._settings.early_bound_head_chars)  # fmt: skip
+        head_chars = self._settings.early_bound_head_chars
+        if (
+            self._admission.precheck(request, pools)
+            and head_chars > 0 and prompt_chars(request) > 2 * head_chars
+            and self._admission.could_refuse(request, pools, tokens_at_most(request))
+        ):  # fmt: skip
+            head = measure_head(request, pools.first_hop, self._hashers, head_chars=head_chars)
             if head is not None:
                 self._admission.precheck_head(request, pools, head)
         blocks = await self._measure(request, pools)

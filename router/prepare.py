@@ -168,7 +168,7 @@ def measure_head(
     registration = next((w.registration for w in workers if w.registration.block_size), None)
     if registration is None or registration.tokenizer_path is None or head_chars <= 0:
         return None
-    if _prompt_chars(request) <= 2 * head_chars:
+    if prompt_chars(request) <= 2 * head_chars:
         return None
     tokenizer = load_tokenizer(registration.tokenizer_path)
     try:
@@ -208,7 +208,7 @@ async def measure_prompt(
     tokenizer = load_tokenizer(registration.tokenizer_path)
     limit = context_limit(workers)
     param = request.endpoint.prompt_param
-    chars = _prompt_chars(request)
+    chars = prompt_chars(request)
     if limit:
         check_prompt_chars(chars, limit, tokenizer.max_chars_per_token, param)
     try:
@@ -236,7 +236,13 @@ def _token_ids(tokenizer: ModelTokenizer, request: PreparedRequest) -> tuple[lis
     return ids, time.thread_time() - started_s
 
 
-def _prompt_chars(request: PreparedRequest) -> int:
+def tokens_at_most(request: PreparedRequest) -> int:
+    """A generous bound on the prompt's tokens before tokenizing: a character is at most
+    four UTF-8 bytes, a byte-level token at least one, plus a chat template's own."""
+    return 4 * prompt_chars(request) + 512
+
+
+def prompt_chars(request: PreparedRequest) -> int:
     """The prompt's length in characters, for the guard that runs before tokenizing.
 
     Read from the endpoint's own field: a chat field on /v1/completions is ignored."""

@@ -72,9 +72,9 @@ class ServerSettings(_Group):
         4096,
         ge=0,
         description="A prompt of over twice this many characters, headed for a pool with a "
-        "queue, is first tokenized this far: a worker whose cached prefix ends in that head "
-        "holds none of the rest, so admission can refuse a request that would be late "
-        "without tokenizing it all. 0: off.",
+        "queue that could make it late, is first tokenized this far: a worker whose cached "
+        "prefix ends in that head holds none of the rest, so admission can refuse a request "
+        "that would be late without tokenizing it all. 0: off.",
     )
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."

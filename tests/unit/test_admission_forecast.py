@@ -48,7 +48,7 @@ class Rig:
                               predictor=self.predictor, clock=clock)  # fmt: skip
         metrics = RouterMetrics(window_s=60, recent_ttft_samples=100, clock=clock)
         self.admission = Admission(
-            AdmissionSettings(ttft_slo_s=2.0, ttft_slo_headroom=1.0, **settings),
+            AdmissionSettings(**{"ttft_slo_s": 2.0, "ttft_slo_headroom": 1.0, **settings}),
             state=MemoryState(clock=clock), scheduler=scheduler, load=self.load,
             predictor=self.predictor, metrics=metrics, clock=clock,
         )  # fmt: skip
@@ -146,3 +146,13 @@ def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_th
     rig.prefixes.record("p", rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256",
                                                 seed=None))  # fmt: skip
     rig.admission.precheck_head(rig.request(), rig.pools, head)
+
+
+def test_a_prompt_that_could_not_be_refused_even_all_uncached_is_not_measured_in_part():
+    rig = Rig()
+    rig.load.begin("p", 1000)  # 1 s queued
+    assert not rig.admission.could_refuse(rig.request(), rig.pools, tokens_at_most=900)
+    assert rig.admission.could_refuse(rig.request(), rig.pools, tokens_at_most=1500)
+    opened = Rig(ttft_slo_s=3600.0)  # admission's SLO opened, as benchmarks.router_cpu runs
+    opened.load.begin("p", 1000)
+    assert not opened.admission.could_refuse(opened.request(), opened.pools, 10**6)
