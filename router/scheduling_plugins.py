@@ -9,7 +9,9 @@ Built in:
 - filters: ``known_load`` (a worker whose load its agent could not read looks idle:
   use it only when no worker's load is known); ``kv_headroom`` (decode side: drop workers
   whose free KV cannot hold the prompt plus max output, or that preempted requests within
-  the cooldown, while another worker can take it); ``bounded_load`` (consistent hashing
+  the cooldown, while another worker can take it); ``ttft_budget`` (first hop: keep the
+  workers that end this prefill by its deadline without pushing one under way there past
+  its own, else the least late); ``bounded_load`` (consistent hashing
   with bounded loads, decided per candidate: one whose in-flight requests reached
   max(floor, ceil((1 + epsilon) x mean)) keeps its eligibility but loses its prefix
   hits, so a hot prefix spills to the next best worker instead of melting one);
