@@ -119,8 +119,7 @@ class Admission:
             return False
         forecast = self._forecast(request, pools, dict.fromkeys(
             (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
-        if not self._sheltered(request, pools, forecast):
-            self._refuse_if_late(request, forecast, self._target_s(request))
+        self._refuse_if_late(request, pools, forecast, self._target_s(request))
         return forecast.queued
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
@@ -128,8 +127,9 @@ class Admission:
         measuring its head for ``precheck_head`` is wasted work."""
         uncached = dict.fromkeys((w.worker_id for w in pools.first_hop), tokens_at_most)
         forecast = self._forecast(request, pools, uncached)
-        late = forecast.ttft_s > self._target_s(request) or forecast.crowded
-        return forecast.queued and late and not self._sheltered(request, pools, forecast)
+        return self._late(forecast, self._target_s(request)) and not self._sheltered(
+            request, pools, forecast
+        )
 
     def precheck_head(self, request: PreparedRequest, pools: Pools, head: PromptHead) -> None:
         """Before tokenizing a long prompt whole: on a worker whose cached prefix ends
@@ -143,8 +143,7 @@ class Admission:
                                                                 head.blocks).items()
         }  # fmt: skip
         forecast = self._forecast(request, pools, uncached)
-        if not self._sheltered(request, pools, forecast):
-            self._refuse_if_late(request, forecast, self._target_s(request), at_least=True)
+        self._refuse_if_late(request, pools, forecast, self._target_s(request), at_least=True)
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
@@ -164,8 +163,7 @@ class Admission:
         slo_s = self._target_s(request)
         uncached = self._scheduler.uncached_tokens(pools.first_hop, blocks)
         forecast = self._forecast(request, pools, uncached)
-        if not self._sheltered(request, pools, forecast):
-            self._refuse_if_late(request, forecast, slo_s)
+        self._refuse_if_late(request, pools, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
             # Again after the wait, with nothing awaited between this and the decode pick:
@@ -257,12 +255,17 @@ class Admission:
         policy = request.tenant.policy
         return queue.sheltered(request.tenant.name, policy.weight, forecast.uncached_tokens, limit)
 
+    @staticmethod
+    def _late(forecast: _Forecast, slo_s: float) -> bool:
+        # Late only when a queue is the cause: alone on idle workers a request is as fast
+        # as it can be, and serving it keeps the predictor learning.
+        return forecast.queued and (forecast.ttft_s > slo_s or forecast.crowded)
+
     def _refuse_if_late(
-        self, request: PreparedRequest, forecast: _Forecast, slo_s: float, *, at_least: bool = False
-    ) -> None:
-        # Refused only when a queue is what makes it late: alone on idle workers a request
-        # is as fast as it can be, and serving it keeps the predictor learning.
-        if not forecast.queued:
+        self, request: PreparedRequest, pools: Pools, forecast: _Forecast, slo_s: float, *,
+        at_least: bool = False,
+    ) -> None:  # fmt: skip
+        if not self._late(forecast, slo_s) or self._sheltered(request, pools, forecast):
             return
         if forecast.ttft_s > slo_s:
             raise self._refused(
@@ -272,13 +275,12 @@ class Admission:
                 f"{slo_s:.2f}s target; the prefill queue is full, retry later",
                 wait_s=forecast.ttft_s - slo_s,
             )  # fmt: skip
-        if forecast.crowded:
-            raise self._refused(
-                request, "ttft_slo_unattainable",
-                "every prefill worker is at its limit: more work there would make requests "
-                "already admitted miss their time to first token target; retry later",
-                wait_s=forecast.ttft_s,
-            )  # fmt: skip
+        raise self._refused(
+            request, "ttft_slo_unattainable",
+            "every prefill worker is at its limit: more work there would make requests "
+            "already admitted miss their time to first token target; retry later",
+            wait_s=forecast.ttft_s,
+        )  # fmt: skip
 
     def _forecast(
         self, request: PreparedRequest, pools: Pools, uncached: dict[str, int]
@@ -286,17 +288,20 @@ class Admission:
         """``uncached``: what each first-hop worker would prefill of the prompt."""
         first_hop, predictor, now = pools.first_hop, self._predictor, self._clock()
 
-        def ttft_on(worker: WorkerState) -> float:
-            wid = worker.worker_id
-            return predictor.prefill_s(wid, self._load.of(wid).tokens, uncached[wid])
+        prefill_s = {
+            w.worker_id: predictor.prefill_s(
+                w.worker_id, self._load.of(w.worker_id).tokens, uncached[w.worker_id]
+            )
+            for w in first_hop
+        }
 
         def crowds(worker: WorkerState) -> bool:
             """Would its prefill there push one already under way past its deadline?"""
             earliest = self._load.of(worker.worker_id).earliest_deadline_s()
-            return earliest is not None and now + ttft_on(worker) > earliest
+            return earliest is not None and now + prefill_s[worker.worker_id] > earliest
 
         roomy = [w for w in first_hop if not crowds(w)]
-        best = min(roomy or first_hop, key=ttft_on)
+        best = min(roomy or first_hop, key=lambda w: prefill_s[w.worker_id])
         queue = self._queues.get(request.model)
         own_tokens = uncached[best.worker_id]
         ahead = admitted = 0
@@ -323,7 +328,7 @@ class Admission:
             decode_busy = min(in_flight.values()) > 0
         return _Forecast(
             ttft_s=max(
-                ttft_on(best) + ahead / pool_tokens_per_s,
+                prefill_s[best.worker_id] + ahead / pool_tokens_per_s,
                 grant_wait_s + predictor.prefill_s(best.worker_id, 0, own_tokens),
             )
             + handoff_s,
