@@ -315,9 +315,8 @@ class Admission:
         # The queue grants it once what is admitted (and ahead of it) has drained enough to
         # fit it under the limit, all of it for a prompt over the limit: a long prompt
         # behind a busy pool waits for the pool to empty, which the queue ahead misses.
-        over_limit = (
-            admitted + ahead + own_tokens - self._queue_limit_tokens(request.model, first_hop)
-        )
+        limit = self._queue_limit_tokens(request.model, first_hop, pool_tokens_per_s)
+        over_limit = admitted + ahead + own_tokens - limit
         grant_wait_s = min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
         handoff_s = idle_handoff_s = 0.0
         decode_busy = False
@@ -341,11 +340,15 @@ class Admission:
             crowded=not roomy,
         )
 
-    def _queue_limit_tokens(self, model: str, first_hop: Sequence[WorkerState]) -> int:
+    def _queue_limit_tokens(
+        self, model: str, first_hop: Sequence[WorkerState], rate: float | None = None
+    ) -> int:
         """Uncached tokens the engines may hold queued: the per-worker cap, and no more
-        than a fraction of the model's SLO of work at their learned rates."""
+        than a fraction of the model's SLO of work at their learned rates (``rate``: their
+        sum, when the caller has it)."""
         s = self._settings
-        rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        if rate is None:
+            rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)
         in_time = rate * s.ttft_slo_of(model) * s.prefill_queue_slo_fraction
         return max(1, int(min(s.prefill_queue_tokens_per_worker * len(first_hop), in_time)))
 

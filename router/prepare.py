@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.tokenization import ModelTokenizer, PromptError, load_tokenizer
+from contracts.workers import WorkerRegistration
 from router.context_window import check_prompt_chars, check_prompt_tokens, context_limit
 from router.errors import Forbidden, InvalidRequest, NotFound
 from router.prompt_blocks import BlockHashers, PromptBlocks
@@ -165,12 +166,12 @@ def measure_head(
 ) -> PromptHead | None:  # fmt: skip
     """The head of a prompt of over twice ``head_chars`` characters; None for a shorter
     one, token ids, or a prompt ``measure_prompt`` will refuse."""
-    registration = next((w.registration for w in workers if w.registration.block_size), None)
-    if registration is None or registration.tokenizer_path is None or head_chars <= 0:
+    registration = _tokenizing_registration(workers)
+    if registration is None or head_chars <= 0:
         return None
     if prompt_chars(request) <= 2 * head_chars:
         return None
-    tokenizer = load_tokenizer(registration.tokenizer_path)
+    tokenizer = load_tokenizer(str(registration.tokenizer_path))
     try:
         spec = tokenizer.request_text(request.body, chat=request.chat)
     except (PromptError, TypeError, AttributeError):
@@ -180,14 +181,11 @@ def measure_head(
         return None
     text, specials = spec
     ids = tokenizer.encode(text[:cut], add_special_tokens=specials)
-    assert registration.block_size is not None
-    whole = (len(ids) - _CUT_MARGIN_TOKENS) // registration.block_size * registration.block_size
+    block_size = int(registration.block_size or 1)
+    whole = (len(ids) - _CUT_MARGIN_TOKENS) // block_size * block_size
     if whole <= 0:
         return None
-    blocks = hashers.blocks(
-        ids[:whole], block_size=registration.block_size,
-        algorithm=registration.prefix_caching_hash_algo, seed=registration.prefix_hash_seed,
-    )  # fmt: skip
+    blocks = _hashed(hashers, registration, ids[:whole])
     rest = (len(text) - cut) * len(ids) / cut * _REST_TOKENS_SHARE
     return PromptHead(blocks, rest_tokens=len(ids) - whole + int(rest))
 
@@ -202,10 +200,10 @@ async def measure_prompt(
 ) -> PromptBlocks:
     """The prompt's hashed blocks, with the pool's tokenizer, block size and hash.
     ``on_tokenized`` gets the CPU seconds the tokenizing took (its thread's own time)."""
-    registration = next((w.registration for w in workers if w.registration.block_size), None)
-    if registration is None or registration.tokenizer_path is None:
+    registration = _tokenizing_registration(workers)
+    if registration is None:
         return PromptBlocks.unknown()
-    tokenizer = load_tokenizer(registration.tokenizer_path)
+    tokenizer = load_tokenizer(str(registration.tokenizer_path))
     limit = context_limit(workers)
     param = request.endpoint.prompt_param
     chars = prompt_chars(request)
@@ -223,6 +221,18 @@ async def measure_prompt(
     on_tokenized(cpu_s)
     if limit:
         check_prompt_tokens(len(ids), limit, param)
+    return _hashed(hashers, registration, ids)
+
+
+def _tokenizing_registration(workers: Sequence[WorkerState]) -> WorkerRegistration | None:
+    """The pool's tokenizer and block hashing, from a worker that reports both."""
+    registration = next((w.registration for w in workers if w.registration.block_size), None)
+    return None if registration is None or registration.tokenizer_path is None else registration
+
+
+def _hashed(
+    hashers: BlockHashers, registration: WorkerRegistration, ids: list[int]
+) -> PromptBlocks:
     assert registration.block_size is not None
     return hashers.blocks(
         ids, block_size=registration.block_size,

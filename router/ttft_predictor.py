@@ -36,8 +36,11 @@ Pure: no I/O, no clock; the orchestrator reports what it saw, with its times.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -174,11 +177,7 @@ class TTFTPredictor:
 
     def prefill_sent(self, worker_id: str, at_s: float, queued_tokens: int) -> PrefillMark:
         """A prefill goes to the worker now, with ``queued_tokens`` already under way."""
-        drain = self._drains.get(worker_id)
-        if drain is None:
-            if len(self._drains) >= self._max_workers:  # the oldest is a departed worker's
-                del self._drains[next(iter(self._drains))]
-            drain = self._drains[worker_id] = _Drain()
+        drain = _of_worker(self._drains, worker_id, self._max_workers, _Drain)
         if queued_tokens <= 0:
             # Idle until now (a failed prefill reports no end). The busy time counted starts
             # at the next prefill's end: up to there it holds one request's fixed cost
@@ -206,21 +205,23 @@ class TTFTPredictor:
         alone = mark.alone and drain.finished_tokens == mark.finished_tokens
         drain.finished_tokens += own_tokens
         if alone:
-            _fit_of(self._fits, mark.worker_id, self._max_workers).add(
+            _of_worker(self._fits, mark.worker_id, self._max_workers, _Fit).add(
                 float(own_tokens), ended_s - mark.sent_s, self._decay
             )
 
     def observe_handoff(self, decode_worker_id: str, requests: int, seconds: float) -> None:
-        _fit_of(self._handoff_fits, decode_worker_id, self._max_workers).add(
+        _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _Fit).add(
             float(requests), seconds, self._decay
         )
         self._pool_handoff.add(float(requests), seconds, self._decay)
 
 
-def _fit_of(fits: dict[str, _Fit], worker_id: str, max_workers: int) -> _Fit:
-    fit = fits.get(worker_id)
-    if fit is None:
-        if len(fits) >= max_workers:  # the oldest fit is a departed worker's
-            del fits[next(iter(fits))]
-        fit = fits[worker_id] = _Fit()
-    return fit
+def _of_worker(
+    by_worker: dict[str, T], worker_id: str, max_workers: int, new: Callable[[], T]
+) -> T:
+    state = by_worker.get(worker_id)
+    if state is None:
+        if len(by_worker) >= max_workers:  # the oldest entry is a departed worker's
+            del by_worker[next(iter(by_worker))]
+        state = by_worker[worker_id] = new()
+    return state
