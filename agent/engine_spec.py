@@ -70,6 +70,10 @@ class EngineSpec:
     # spins 1 s; on CPU the spin takes the cores the engine itself computes on
     # (docs/pd-on-cpu.md), so None means CPU_IDLE_SPIN_S there and vLLM's own on CUDA.
     idle_spin_s: float | None = None
+    # vLLM's --stream-interval: output tokens per streamed chunk (None: vLLM's 1, a chunk
+    # per token). More per chunk costs the engine's and the router's CPU less per token,
+    # and clients see tokens in bursts of that many (docs: "Streaming").
+    stream_interval: int | None = None
     # vLLM's --prefix-caching-hash-algo; the router hashes prompts with the same one.
     prefix_caching_hash_algo: str = "sha256"
     transport: NixlTransport | None = None
@@ -90,6 +94,8 @@ class EngineSpec:
             raise ValueError("idle_spin_s must be within 0..10 seconds")
         if self.block_size is not None and self.device == "cpu" and self.block_size % 32:
             raise ValueError("on CPU, vLLM's block_size must be a multiple of 32")
+        if self.stream_interval is not None and self.stream_interval < 1:
+            raise ValueError("stream_interval must be at least 1")
 
     def resolved_block_size(self) -> int:
         if self.block_size:
@@ -156,6 +162,7 @@ class EngineSpec:
             args += ["--max-model-len", str(self.max_model_len)]
         args += ["--block-size", str(self.resolved_block_size())]
         args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
+        args += self._stream_interval_args()
         if self.transport:
             args += ["--kv-transfer-config", self.transport.kv_transfer_config()]
         if self.kv_events_endpoint:
@@ -182,7 +189,13 @@ class EngineSpec:
             args += ["--block-size", str(self.block_size)]
         if self.kv_events_endpoint:
             args += ["--kv-events-endpoint", self.kv_events_endpoint, "--kv-events-bind"]
+        args += self._stream_interval_args()
         return [*args, "--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
+
+    def _stream_interval_args(self) -> list[str]:
+        return (
+            [] if self.stream_interval is None else ["--stream-interval", str(self.stream_interval)]
+        )
 
     def expected_placement(self) -> ExpectedPlacement | None:
         """Where the engine's threads must run (checked once it is ready); None: anywhere."""

@@ -52,6 +52,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ endpoint for KV events")
     parser.add_argument("--prefix-caching-hash-algo", default="sha256",
                         choices=["sha256", "sha256_cbor"])  # fmt: skip
+    parser.add_argument("--stream-interval", type=int, default=None,
+                        help="output tokens per streamed chunk (vLLM's flag; default 1): more "
+                        "costs less CPU per token and streams in bursts")  # fmt: skip
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="vllm, or pdserve's simulator in its place")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for --engine sim")
@@ -103,6 +106,7 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         "kv_events_endpoint": args.kv_events_endpoint,
         "idle_spin_s": args.engine_idle_spin_s,
         "prefix_caching_hash_algo": args.prefix_caching_hash_algo,
+        "stream_interval": args.stream_interval,
         "extra_args": tuple(extra),
         "engine": args.engine,
         "sim_profile": args.sim_profile,

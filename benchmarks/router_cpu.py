@@ -10,11 +10,13 @@ number is the median over ``--rounds``.
 
 Scenarios: a one-word prompt with max_tokens=1, whole and streamed; new prompts (a
 prefix never seen before) of 2k and 8k tokens with max_tokens=1; one-word prompts
-streaming 64 and 512 tokens. Derived: CPU per relayed output token ((stream_512 -
-short_stream) / 511), tokenization alone of the same 2k and 8k prompts (in this process,
-the router's tokenizer), and requests per second per router core (1 / CPU per request).
+streaming 64 and 512 tokens, a chunk per token (vLLM's default); and 512 tokens at 4 and
+16 tokens a chunk (the request's ``stream_interval``, as vLLM 0.32 takes it). Derived:
+CPU per relayed output token ((a 512-token stream - short_stream) / 511, per chunking),
+tokenization alone of the same 2k and 8k prompts (in this process, the router's
+tokenizer), and requests per second per router core (1 / CPU per request).
 
-    python -m benchmarks.router_cpu [--requests 200] [--rounds 3]
+    python -m benchmarks.router_cpu [--requests 200] [--rounds 3] [--only short_stream,...]
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Scenario:
     max_tokens: int
     stream: bool
     share: float = 1.0  # of --requests (or --stream-requests): long prompts take fewer
+    stream_interval: int | None = None  # tokens per streamed chunk; None: the engine's (1)
 
 
 SCENARIOS = (
@@ -75,6 +78,8 @@ SCENARIOS = (
     Scenario("prompt_8k", 8000, 1, False, share=0.25),
     Scenario("stream_64", 1, 64, True),
     Scenario("stream_512", 1, 512, True),
+    Scenario("stream_512_every_4", 1, 512, True, stream_interval=4),
+    Scenario("stream_512_every_16", 1, 512, True, stream_interval=16),
 )
 
 
@@ -84,9 +89,12 @@ def bodies(scenario: Scenario, words: WordSource, count: int, salt: str) -> list
             return "hello"
         return words.run(f"{salt}-{scenario.name}-{i}", scenario.prompt_tokens)
 
+    chunking = (
+        {} if scenario.stream_interval is None else {"stream_interval": scenario.stream_interval}
+    )
     return [
         json.dumps({"model": MODEL, "prompt": prompt(i), "max_tokens": scenario.max_tokens,
-                    "stream": scenario.stream, "ignore_eos": True}).encode()
+                    "stream": scenario.stream, "ignore_eos": True, **chunking}).encode()
         for i in range(count)
     ]  # fmt: skip
 
@@ -249,7 +257,7 @@ def run(args: argparse.Namespace) -> dict:
         for round_index in range(args.rounds):
             turn = round_index % len(names)
             order = names[turn:] + names[:turn]
-            for scenario in SCENARIOS:
+            for scenario in scenarios(args.only):
                 many = args.requests if scenario.max_tokens < 64 else args.stream_requests
                 count = round(many * scenario.share) + WARM
                 for door in order:
@@ -267,8 +275,24 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         process_group.stop(proxies, grace_s=5)
         cluster.stop()
-    tokenize = {str(n): round(tokenization_ms(words, model_dir, n, 50), 4) for n in (2000, 8000)}
+    tokenize = {
+        str(s.prompt_tokens): round(tokenization_ms(words, model_dir, s.prompt_tokens, 50), 4)
+        for s in scenarios(args.only)
+        if s.prompt_tokens > 1
+    }
     return summarize(results, tokenize, args)
+
+
+def scenarios(only: str | None) -> tuple[Scenario, ...]:
+    """``--only``: a comma-separated list of scenario names (the per-token figures need
+    ``short_stream``)."""
+    if not only:
+        return SCENARIOS
+    names = set(only.split(","))
+    unknown = names - {s.name for s in SCENARIOS}
+    if unknown:
+        raise SystemExit(f"--only: no scenario {', '.join(sorted(unknown))}")
+    return tuple(s for s in SCENARIOS if s.name in names)
 
 
 def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
@@ -277,7 +301,12 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
                for name, runs in per_door.items()}
         for door, per_door in results.items()
     }  # fmt: skip
-    per_token = {door: (m["stream_512"] - m["short_stream"]) / 511 for door, m in median.items()}
+    # Per chunking: a chunk per token, then 4 and 16 tokens a chunk.
+    per_token = {
+        name: {door: round((m[name] - m["short_stream"]) / 511, 5) for door, m in median.items()}
+        for name in (s.name for s in SCENARIOS if s.max_tokens == 512)
+        if "short_stream" in median["router"] and name in median["router"]
+    }
     router = median["router"]
     own_tokenize = {
         name: statistics.median(r.get("tokenize_cpu_ms_per_request", 0.0) for r in runs)
@@ -294,17 +323,17 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
             "concurrency": args.concurrency,
             "rounds": args.rounds,
         },
-        "scenarios": [asdict(s) for s in SCENARIOS],
+        "scenarios": [asdict(s) for s in scenarios(args.only)],
         "cpu_ms_per_request_median": median,
-        "cpu_ms_per_output_token": {d: round(v, 5) for d, v in per_token.items()},
+        "cpu_ms_per_output_token": per_token,
         "tokenization_alone_ms": tokenize,
         "router_over_aiohttp": {n: round(router[n] / median["aiohttp"][n], 2) for n in router},
         "router_over_router_ref": {n: round(router[n] / median["router_ref"][n], 2) for n in router}
         if "router_ref" in median
         else None,
         "router_over_fastapi": {n: round(router[n] / median["fastapi"][n], 2) for n in router},
-        "router_2k_over_tokenization": round(router["prompt_2k"] / tokenize["2000"], 2),
-        "router_8k_over_tokenization": round(router["prompt_8k"] / tokenize["8000"], 2),
+        "router_2k_over_tokenization": _ratio(router.get("prompt_2k"), tokenize.get("2000")),
+        "router_8k_over_tokenization": _ratio(router.get("prompt_8k"), tokenize.get("8000")),
         # The same ratio against the router's own tokenizing in the same requests (its
         # tokenizing thread's CPU time, from pdserve_tokenize_cpu_seconds): one run, one
         # process, one load, where the idle reference above ran alone after the run.
@@ -321,6 +350,10 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         },
         "runs": results,
     }
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else round(numerator / denominator, 2)
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -347,6 +380,7 @@ def main() -> None:
     parser.add_argument("--stream-requests", type=int, default=40)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default=None, help="comma-separated scenario names")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/router_cpu"))
     parser.add_argument(
         "--ref-tree",

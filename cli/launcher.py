@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="sim: GPU-free simulated engines with the same protocol")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for sims")
+    parser.add_argument("--stream-interval", type=int, default=None,
+                        help="output tokens per streamed chunk (vLLM's --stream-interval, "
+                        "default 1): less CPU per token, tokens in bursts")  # fmt: skip
     parser.add_argument(
         "--model-version",
         default=None,
@@ -64,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
             ready_timeout_s=args.ready_timeout_s,
             engine=args.engine,
             sim_profile=args.sim_profile,
+            stream_interval=args.stream_interval,
             model_version=args.model_version,
             versions=tuple(_other_version(spec) for spec in args.version),
         )

@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser, subcommands: Sequence[Subcomm
     )
     parser.add_argument("--faults", default="{}", help='start with faults, e.g. {"slowdown": 2}')
     parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="tokens per streamed chunk, as vLLM's flag")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -70,6 +72,8 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"pdserve sim: {', '.join(missing)} required")
     if not 1 <= args.count <= 1000:
         raise SystemExit("--count must be between 1 and 1000")
+    if args.stream_interval < 1:
+        raise SystemExit("--stream-interval must be at least 1")
     profile = load_profile(args.profile)
     if args.block_size:
         profile = dataclasses.replace(profile, block_size_tokens=args.block_size)
@@ -85,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
             kv_lease_s=args.kv_lease_s, max_model_len=args.max_model_len,
             kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
             kv_events_bind=args.kv_events_bind, faults=faults, admin_token=admin_token,
-            hash_algo=args.prefix_caching_hash_algo,
+            hash_algo=args.prefix_caching_hash_algo, stream_interval=args.stream_interval,
         )
         for index in range(args.count)
     ]  # fmt: skip

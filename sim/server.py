@@ -58,6 +58,8 @@ class SimConfig:
     faults: SimFaults = field(default_factory=SimFaults)
     # Bearer token for /sim/faults; agents pass theirs down. None: loopback trust.
     admin_token: str | None = None
+    # vLLM's --stream-interval: tokens per streamed chunk (a request may ask for more).
+    stream_interval: int = 1
 
 
 class SimServer:
@@ -214,6 +216,7 @@ class SimServer:
         try:
             body = await http.json()
             prompt_ids = self.tokenizer.request_ids(body, chat=chat)
+            interval = stream_interval(self.config.stream_interval, body.get("stream_interval"))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"invalid request: {error}")
         if body.get("model") != self.config.served_model_name:
@@ -252,9 +255,10 @@ class SimServer:
         await asyncio.sleep(self.config.profile.request_overhead_ms / 1000)
         self.engine.add(request)
         self.metrics.on_arrival(request)
-        respond = _stream if body.get("stream") else _whole
         try:
-            return await respond(self, http, body, request, chat)
+            if body.get("stream"):
+                return await _stream(self, http, body, request, chat, interval)
+            return await _whole(self, http, body, request, chat)
         finally:
             if request.finish_reason is None:
                 self.engine.abort(request)  # the client left: free the slot and blocks
@@ -344,25 +348,47 @@ async def _whole(
     return web.json_response(payload)
 
 
+def stream_interval(server_interval: int, asked: object) -> int:
+    """Tokens per streamed chunk: like vLLM, a request's ``stream_interval`` raises the
+    server's and never lowers it."""
+    if asked is None:
+        return server_interval
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+        raise ValueError("stream_interval must be an integer of at least 1")
+    return max(asked, server_interval)
+
+
 async def _stream(
-    server: SimServer, http: web.Request, body: dict, request: SimRequest, chat: bool
+    server: SimServer,
+    http: web.Request,
+    body: dict,
+    request: SimRequest,
+    chat: bool,
+    interval: int,
 ) -> web.StreamResponse:
+    """Like vLLM's output processor: the first token and the last are sent at once, the
+    rest ``interval`` tokens to a chunk."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(http)
     first = True
+    held: list[int] = []
     async for token in _tokens(request):
-        text = server.tokenizer.decode_one(token)
+        server.metrics.on_token(request, first)
+        held.append(token)
+        finished = request.finish_reason is not None and request.tokens.qsize() == 1
+        if not (first or finished or len(held) >= interval):
+            continue
+        text = "".join(server.tokenizer.decode_one(t) for t in held)
         if chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": None}
         if body.get("return_token_ids"):
-            choice["token_ids"] = [token]
-        if request.finish_reason is not None and request.tokens.qsize() == 1:
+            choice["token_ids"] = held
+        if finished:
             choice["finish_reason"] = request.finish_reason  # only the end marker is left
-        server.metrics.on_token(request, first)
-        first = False
+        first, held = False, []
         await _send(response, _envelope(server, request, chat, [choice], chunk=True))
     if (body.get("stream_options") or {}).get("include_usage"):
         usage_chunk = _envelope(server, request, chat, [], chunk=True)

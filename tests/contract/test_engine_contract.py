@@ -111,6 +111,35 @@ def test_streamed_chat_has_openai_chunks_usage_and_done(engines: Engines):
     assert chunks[-1]["usage"]["prompt_tokens"] == len(prompt_ids)
 
 
+def streamed_chunks(url: str, body: dict) -> list[dict]:
+    """The JSON chunks of a stream, ``[DONE]`` required and left out."""
+    with httpx.stream("POST", url, json=body, timeout=ENGINE_TIMEOUT_S) as reply:
+        assert reply.status_code == 200, reply.read()
+        data = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_stream_interval_sends_the_first_token_alone_then_that_many_per_chunk(engines: Engines):
+    """A request's ``stream_interval`` (vLLM 0.32): the first and the last chunk go out at
+    once, every other one carries that many tokens; the tokens are the same either way."""
+    body = {"model": COLOCATED_MODEL, "prompt": "Count the tokens in each chunk:",
+            "max_tokens": 10, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}  # fmt: skip
+    url = engines.colocated_url + "/v1/completions"
+    per_token = streamed_chunks(url, body)
+    batched = streamed_chunks(url, {**body, "stream_interval": 4})
+    per_chunk = [c["choices"][0]["token_ids"] for c in batched]
+    assert [len(ids) for ids in per_chunk] == [1, 4, 4, 1]
+    assert [t for ids in per_chunk for t in ids] == [
+        t for c in per_token for t in c["choices"][0]["token_ids"]
+    ]
+    assert "".join(c["choices"][0]["text"] for c in batched) == "".join(
+        c["choices"][0]["text"] for c in per_token
+    )
+    assert batched[-1]["choices"][0]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize(
     "request_body",
     [

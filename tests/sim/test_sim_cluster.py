@@ -23,10 +23,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    "delivery",
+    [{"stream": False}, {"stream": True}, {"stream": True, "stream_interval": 5}],
+    ids=["whole", "stream", "stream 5 tokens a chunk"],
+)
 @pytest.mark.parametrize(("path", "payload"), CASES)
-def test_disaggregated_output_equals_colocated(sim_cluster, path, payload, stream):
-    body = {**payload, "max_tokens": 12, "return_token_ids": True, "stream": stream}
+def test_disaggregated_output_equals_colocated(sim_cluster, path, payload, delivery):
+    body = {**payload, "max_tokens": 12, "return_token_ids": True, **delivery}
     url = sim_cluster.router_url
     reference = generate(url, path, {**body, "model": COLOCATED_MODEL})
     routed = generate(url, path, {**body, "model": MODEL})

@@ -1,10 +1,13 @@
+import argparse
 import json
+import sys
 
 import pytest
 
 from agent.engine_spec import CPU_IDLE_SPIN_S, ENGINE_SITE_DIR, EngineSpec, SimFacts
 from agent.placement import ExpectedPlacement
 from kvtransfer.transport import NixlTransport
+from sim import cli as sim_cli
 
 
 def transport(role="kv_producer", **kw):
@@ -84,7 +87,13 @@ def test_kv_events_endpoint_becomes_vllm_config():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"port": 0}, {"kv_cache_gib": 0}, {"block_size": 100}, {"idle_spin_s": -1}],
+    [
+        {"port": 0},
+        {"kv_cache_gib": 0},
+        {"block_size": 100},
+        {"idle_spin_s": -1},
+        {"stream_interval": 0},
+    ],
 )
 def test_engine_spec_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
@@ -125,3 +134,15 @@ def test_colocated_and_sim_engines_get_only_what_applies():
     assert spec(device="cuda", cores="2").expected_placement() == ExpectedPlacement(
         cuda_visible_devices="2"
     )
+
+
+def test_stream_interval_reaches_vllm_and_the_sim_by_their_flag():
+    assert "--stream-interval" not in spec().argv()  # vLLM's own default: a chunk per token
+    vllm_argv = spec(stream_interval=8).argv()
+    assert vllm_argv[vllm_argv.index("--stream-interval") + 1] == "8"
+    facts = SimFacts(block_size_tokens=16, kv_capacity_tokens=1024, max_model_len=512)
+    sim_argv = spec(engine="sim", sim_facts=facts, stream_interval=8).argv()
+    assert sim_argv[:4] == [sys.executable, "-m", "cli.main", "sim"]
+    parser = argparse.ArgumentParser()
+    sim_cli.add_arguments(parser)
+    assert parser.parse_args(sim_argv[4:]).stream_interval == 8
