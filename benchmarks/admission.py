@@ -120,12 +120,18 @@ def _preemptions(cluster: LocalCluster) -> Counter:
     return counts
 
 
-def _reason(result: RequestResult) -> str:
-    """The refusal's code (the error body names it; the header is not kept)."""
+def _reason(result: RequestResult, *, crowding: bool = False) -> str:
+    """The refusal's code (the error body names it; the header is not kept). ``crowding``:
+    tell a TTFT refusal for the work it would delay ("...:crowding") from one for its own
+    forecast."""
     try:
-        return json.loads((result.error or "").partition(": ")[2])["error"]["code"]
+        error = json.loads((result.error or "").partition(": ")[2])["error"]
+        code = error["code"]
     except (ValueError, KeyError, TypeError):
         return "unreadable"
+    if crowding and "already admitted" in str(error.get("message")):
+        return f"{code}:crowding"
+    return code
 
 
 def on_settings(args: argparse.Namespace) -> dict[str, str]:
@@ -163,7 +169,10 @@ def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
         "rejection_ms": percentiles([r.e2e_s for r in refused]),
         "goodput_rps": len(meeting) / run["duration_s"],
         "slo_attainment_of_accepted": len(meeting) / max(1, len(ok)),
-        "preemptions": run["preemptions"], "rejected_by_reason": run["rejected_by_reason"],
+        "preemptions": run["preemptions"],
+        # The run's refusals by reason; with ``only``, that tenant's, from its own answers.
+        "rejected_by_reason": run["rejected_by_reason"] if only is None
+        else dict(Counter(_reason(r, crowding=True) for r in refused)),
         "router_refusals_within_10ms": run.get("router_refusals_within_10ms"),
         **forecast_summary(ok, slo_ms),
     }  # fmt: skip
