@@ -13,11 +13,7 @@ Invariants:
 - at most ``max_waiting`` requests wait; the next one is refused (``QueueFull``);
 - ``sheltered``: a tenant within its weighted share of ``limit_tokens`` while another is
   over its own is not the one to refuse when the pool is full: admission queues it
-  (where it goes first) instead of refusing it for a queue that others made;
-- ``owed_to_others``: the room the other *active* tenants (work admitted or waiting, or
-  a request within ``active_s``) are owed, each its weighted share of ``limit_tokens``
-  less what it holds. Admission keeps a tenant that already holds work out of that room,
-  so a burst cannot fill the engines ahead of a tenant that keeps to its share.
+  (where it goes first) instead of refusing it for a queue that others made.
 
 Grants are released by the caller once the request's prefill is done (or it failed).
 """
@@ -65,13 +61,9 @@ class Grant:
 
 
 class PrefillQueue:
-    def __init__(
-        self, *, max_waiting: int, clock: Callable[[], float], active_s: float = 0.0
-    ) -> None:
+    def __init__(self, *, max_waiting: int, clock: Callable[[], float]) -> None:
         self._max_waiting = max_waiting
         self._clock = clock
-        self._active_s = active_s
-        self._seen: dict[str, tuple[float, float]] = {}  # tenant -> (last request s, weight)
         self.admitted_tokens = 0
         self.limit_tokens = 0
         self._classes: dict[int, dict[str, deque[_Waiter]]] = {}
@@ -137,7 +129,9 @@ class PrefillQueue:
         """Is this tenant, with this request, within its weighted share of the limit while
         another tenant is over its own? Shares split the limit among the tenants with
         work admitted or waiting (this one included), by weight."""
-        weights = self._present_weights()
+        weights = {t: w for t, (_, w) in self._admitted_by.items()}
+        for tenants in self._classes.values():
+            weights.update((t, queue[0].weight) for t, queue in tenants.items() if queue)
         weights[tenant] = weight
         per_weight = limit_tokens / sum(weights.values())
         mine = self._admitted_by.get(tenant, (0.0,))[0] + cost
@@ -145,39 +139,6 @@ class PrefillQueue:
             return False
         return any(tokens > per_weight * w for t, (tokens, w) in self._admitted_by.items()
                    if t != tenant)  # fmt: skip
-
-    def seen(self, tenant: str, weight: float) -> None:
-        """A request of this tenant arrived (it is active for ``active_s``)."""
-        if self._active_s > 0:
-            self._seen[tenant] = (self._clock(), weight)
-
-    def held_by(self, tenant: str) -> int:
-        """Tokens granted to this tenant and not yet released."""
-        return int(self._admitted_by.get(tenant, (0.0,))[0])
-
-    def owed_to_others(self, tenant: str, weight: float, limit_tokens: int) -> int:
-        """Room the other active tenants are owed: each one's weighted share of the limit
-        less what it holds (0 when this tenant is alone)."""
-        weights = self._active_weights()
-        weights[tenant] = weight
-        if len(weights) < 2:
-            return 0
-        per_weight = limit_tokens / sum(weights.values())
-        return int(sum(max(0.0, per_weight * w - self.held_by(t))
-                       for t, w in weights.items() if t != tenant))  # fmt: skip
-
-    def _active_weights(self) -> dict[str, float]:
-        since_s = self._clock() - self._active_s
-        for t in [t for t, (at_s, _) in self._seen.items() if at_s < since_s]:
-            del self._seen[t]  # bounded by the tenants seen within active_s
-        return {**{t: w for t, (_, w) in self._seen.items()}, **self._present_weights()}
-
-    def _present_weights(self) -> dict[str, float]:
-        """The weights of the tenants with work admitted or waiting."""
-        weights = {t: w for t, (_, w) in self._admitted_by.items()}
-        for tenants in self._classes.values():
-            weights.update((t, queue[0].weight) for t, queue in tenants.items() if queue)
-        return weights
 
     def _admit(self, tenant: str, weight: float, cost: int) -> None:
         self.admitted_tokens += cost
