@@ -166,3 +166,46 @@ async def test_a_tenant_within_its_share_beside_one_over_its_own_is_sheltered():
     assert not queue.sheltered("polite", 1.0, 100, 1000)
     noisy[2].release()
     assert not queue.sheltered("noisy", 1.0, 100, 1000)  # alone, there is nobody to blame
+
+
+async def test_the_room_owed_to_other_tenants_is_their_unused_share_while_they_are_active():
+    clock = Clock()
+    queue = PrefillQueue(max_waiting=10, clock=clock, active_s=10.0)
+    noisy = await enter(queue, "noisy", 70)
+    assert queue.owed_to_others("noisy", 1.0, 100) == 0  # alone: nothing is owed
+    queue.seen("polite", 1.0)  # polite asked: its half of the bound is owed to it
+    assert queue.owed_to_others("noisy", 1.0, 100) == 50
+    polite = await enter(queue, "polite", 20)
+    assert queue.owed_to_others("noisy", 1.0, 100) == 30  # less what it holds
+    assert queue.owed_to_others("polite", 1.0, 100) == 0  # noisy is over its own share
+    polite.release()
+    queue.seen("batch", 2.0)  # weights split the bound: 25, 25, 50
+    assert queue.owed_to_others("noisy", 1.0, 100) == 75
+    clock.now_s = 10.5  # both asked over 10 s ago and hold nothing: no longer active
+    assert queue.owed_to_others("noisy", 1.0, 100) == 0
+    waiter = asyncio.create_task(enter(queue, "polite", 40))  # waiting makes it active
+    await settle()
+    assert queue.owed_to_others("noisy", 1.0, 100) == 50
+    noisy.release()
+    (await waiter).release()
+
+
+async def test_with_no_activity_window_only_work_admitted_or_waiting_counts():
+    queue = PrefillQueue(max_waiting=10, clock=Clock(), active_s=0.0)
+    await enter(queue, "noisy", 70)
+    queue.seen("polite", 1.0)
+    assert queue.owed_to_others("noisy", 1.0, 100) == 0
+
+
+async def test_a_tenants_rate_share_is_what_it_was_granted_lately_against_the_others():
+    clock = Clock()
+    queue = PrefillQueue(max_waiting=10, clock=clock, active_s=10.0)
+    (await enter(queue, "noisy", 60)).release()
+    assert not queue.over_rate_share("noisy", 1.0)  # alone
+    queue.seen("polite", 1.0)
+    assert queue.over_rate_share("noisy", 1.0) and not queue.over_rate_share("polite", 1.0)
+    clock.now_s = 5.0
+    (await enter(queue, "polite", 60)).release()  # 60 now against noisy's 60 decayed to 36
+    assert queue.over_rate_share("polite", 1.0) and not queue.over_rate_share("noisy", 1.0)
+    assert queue.over_rate_share("polite", 1.0 / 3)  # a weight of 1/3 of 4/3: 25% is its due
+    assert not queue.over_rate_share("polite", 3.0)
