@@ -13,13 +13,7 @@ Invariants:
 - at most ``max_waiting`` requests wait; the next one is refused (``QueueFull``);
 - ``sheltered``: a tenant within its weighted share of ``limit_tokens`` while another is
   over its own is not the one to refuse when the pool is full: admission queues it
-  (where it goes first) instead of refusing it for a queue that others made;
-- ``owed_to_others``: the room the other *active* tenants (work admitted or waiting, or
-  a request within ``active_s``) are owed, each its weighted share of ``limit_tokens``
-  less what it holds; ``over_rate_share``: a tenant granted more than its weighted share
-  of what the active tenants were granted lately (decayed over ``active_s``). Admission
-  keeps a tenant over its rate share, and already holding work, out of the room owed to
-  the others, so a burst cannot fill the engines ahead of a tenant that keeps to its share.
+  (where it goes first) instead of refusing it for a queue that others made.
 
 Grants are released by the caller once the request's prefill is done (or it failed).
 """
@@ -28,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,14 +61,9 @@ class Grant:
 
 
 class PrefillQueue:
-    def __init__(
-        self, *, max_waiting: int, clock: Callable[[], float], active_s: float = 0.0
-    ) -> None:
+    def __init__(self, *, max_waiting: int, clock: Callable[[], float]) -> None:
         self._max_waiting = max_waiting
         self._clock = clock
-        self._active_s = active_s
-        self._seen: dict[str, tuple[float, float]] = {}  # tenant -> (last request s, weight)
-        self._granted: dict[str, tuple[float, float]] = {}  # tenant -> (decayed tokens, at s)
         self.admitted_tokens = 0
         self.limit_tokens = 0
         self._classes: dict[int, dict[str, deque[_Waiter]]] = {}
@@ -141,7 +129,9 @@ class PrefillQueue:
         """Is this tenant, with this request, within its weighted share of the limit while
         another tenant is over its own? Shares split the limit among the tenants with
         work admitted or waiting (this one included), by weight."""
-        weights = self._present_weights()
+        weights = {t: w for t, (_, w) in self._admitted_by.items()}
+        for tenants in self._classes.values():
+            weights.update((t, queue[0].weight) for t, queue in tenants.items() if queue)
         weights[tenant] = weight
         per_weight = limit_tokens / sum(weights.values())
         mine = self._admitted_by.get(tenant, (0.0,))[0] + cost
@@ -150,64 +140,7 @@ class PrefillQueue:
         return any(tokens > per_weight * w for t, (tokens, w) in self._admitted_by.items()
                    if t != tenant)  # fmt: skip
 
-    def seen(self, tenant: str, weight: float) -> None:
-        """A request of this tenant arrived (it is active for ``active_s``, as after a
-        grant)."""
-        if self._active_s > 0:
-            self._seen[tenant] = (self._clock(), weight)
-
-    def held_by(self, tenant: str) -> int:
-        """Tokens granted to this tenant and not yet released."""
-        return int(self._admitted_by.get(tenant, (0.0,))[0])
-
-    def owed_to_others(self, tenant: str, weight: float, limit_tokens: int) -> int:
-        """Room the other active tenants are owed: each one's weighted share of the limit
-        less what it holds (0 when this tenant is alone)."""
-        weights = self._active_weights()
-        weights[tenant] = weight
-        if len(weights) < 2:
-            return 0
-        per_weight = limit_tokens / sum(weights.values())
-        return int(sum(max(0.0, per_weight * w - self.held_by(t))
-                       for t, w in weights.items() if t != tenant))  # fmt: skip
-
-    def over_rate_share(self, tenant: str, weight: float) -> bool:
-        """Was this tenant granted more than its weighted share of what the active tenants
-        were granted lately? False when it is alone, or with ``active_s`` 0."""
-        weights = self._active_weights()
-        weights[tenant] = weight
-        if len(weights) < 2 or self._active_s <= 0:
-            return False
-        now = self._clock()
-        granted = {t: self._granted_lately(t, now) for t in weights}
-        total = sum(granted.values())
-        return total > 0 and granted[tenant] > total * weight / sum(weights.values())
-
-    def _granted_lately(self, tenant: str, now_s: float) -> float:
-        tokens, at_s = self._granted.get(tenant, (0.0, now_s))
-        return tokens * math.exp(-(now_s - at_s) / self._active_s) if self._active_s > 0 else 0.0
-
-    def _active_weights(self) -> dict[str, float]:
-        now_s = self._clock()
-        since_s = now_s - self._active_s
-        for t in [t for t, (at_s, _) in self._seen.items() if at_s < since_s]:
-            del self._seen[t]  # bounded by the tenants seen within active_s
-        for t in [t for t in self._granted if self._granted_lately(t, now_s) < 1]:
-            del self._granted[t]  # and by those granted a token's worth lately
-        return {**{t: w for t, (_, w) in self._seen.items()}, **self._present_weights()}
-
-    def _present_weights(self) -> dict[str, float]:
-        """The weights of the tenants with work admitted or waiting."""
-        weights = {t: w for t, (_, w) in self._admitted_by.items()}
-        for tenants in self._classes.values():
-            weights.update((t, queue[0].weight) for t, queue in tenants.items() if queue)
-        return weights
-
     def _admit(self, tenant: str, weight: float, cost: int) -> None:
-        if self._active_s > 0:
-            now_s = self._clock()
-            self._granted[tenant] = (self._granted_lately(tenant, now_s) + cost, now_s)
-            self._seen[tenant] = (now_s, weight)
         self.admitted_tokens += cost
         held = self._admitted_by.setdefault(tenant, [0.0, weight])
         held[0] += cost

@@ -117,8 +117,6 @@ class Admission:
         True: a queue is ahead of it (``precheck_head`` may then refuse it)."""
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
-        self._queue_of(request.model).seen(request.tenant.name, request.tenant.policy.weight)
-        self._refuse_over_share(request, pools, 1)
         forecast = self._forecast(request, pools, dict.fromkeys(
             (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
         self._refuse_if_late(request, pools, forecast, self._target_s(request))
@@ -165,7 +163,6 @@ class Admission:
         slo_s = self._target_s(request)
         uncached = self._scheduler.uncached_tokens(pools.first_hop, blocks)
         forecast = self._forecast(request, pools, uncached)
-        self._refuse_over_share(request, pools, forecast.uncached_tokens)
         self._refuse_if_late(request, pools, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
@@ -257,25 +254,6 @@ class Admission:
         limit = self._queue_limit_tokens(request.model, pools.first_hop)
         policy = request.tenant.policy
         return queue.sheltered(request.tenant.name, policy.weight, forecast.uncached_tokens, limit)
-
-    def _refuse_over_share(self, request: PreparedRequest, pools: Pools, cost: int) -> None:
-        """A tenant granted more than its share lately, and already holding prefill work,
-        may not take the room other active tenants are owed (their weighted shares of the
-        queue's bound, less what they hold). One within its share is never refused here,
-        and every tenant may always hold one request, however large."""
-        queue = self._queues.get(request.model)
-        name, weight = request.tenant.name, request.tenant.policy.weight
-        if queue is None or queue.held_by(name) == 0 or not queue.over_rate_share(name, weight):
-            return
-        limit = self._queue_limit_tokens(request.model, pools.first_hop)
-        owed = queue.owed_to_others(name, weight, limit)
-        if owed and queue.admitted_tokens + cost > limit - owed:
-            raise self._refused(
-                request, "tenant_share",
-                "this API key's tenant holds its share of the prefill queue while other "
-                "tenants are active; retry shortly",
-                wait_s=1.0,
-            )  # fmt: skip
 
     @staticmethod
     def _late(forecast: _Forecast, slo_s: float) -> bool:
@@ -381,7 +359,11 @@ class Admission:
         forecast: _Forecast,
         slo_s: float,
     ) -> Grant:
-        queue = self._queue_of(request.model)
+        queue = self._queues.get(request.model)
+        if queue is None:
+            queue = self._queues[request.model] = PrefillQueue(
+                max_waiting=self._settings.max_queued_requests, clock=self._clock
+            )
         entered_s = self._clock()
         try:
             grant = await queue.enter(
@@ -400,15 +382,6 @@ class Admission:
             ) from None  # fmt: skip
         self._metrics.stage.labels(request.model, "queue").observe(self._clock() - entered_s)
         return grant
-
-    def _queue_of(self, model: str) -> PrefillQueue:
-        queue = self._queues.get(model)
-        if queue is None:
-            queue = self._queues[model] = PrefillQueue(
-                max_waiting=self._settings.max_queued_requests, clock=self._clock,
-                active_s=self._settings.tenant_active_s,
-            )  # fmt: skip
-        return queue
 
     def _refused(
         self, request: PreparedRequest, reason: str, message: str, *, wait_s: float

@@ -458,17 +458,6 @@ class AdmissionSettings(_Group):
     max_queued_requests: int = Field(
         1024, ge=0, le=1_000_000, description="Requests one model's queue may hold; beyond: 429."
     )
-    tenant_active_s: float = Field(
-        10.0,
-        ge=0,
-        le=3600,
-        description="A tenant counts as active this long after its last request (and while it "
-        "has work admitted or queued), and its share of the prefill tokens granted lately is "
-        "decayed over it. While others are active, a tenant granted more than its weighted "
-        "share lately, and already holding prefill work, gets no more than leaves each of them "
-        "its weighted share of the prefill queue's bound: past that, 429 `tenant_share` at "
-        "once. 0: off.",
-    )
     prior_prefill_tokens_per_s: float = Field(
         2_000.0,
         gt=0,

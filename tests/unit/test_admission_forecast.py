@@ -131,52 +131,6 @@ def test_a_tenant_within_its_share_waits_in_the_queue_instead_of_paying_for_anot
     asyncio.run(scenario())
 
 
-def test_a_tenant_holding_work_may_not_take_the_room_an_active_tenant_is_owed():
-    rig = Rig(prefill_queue_tokens_per_worker=1000)
-
-    def admit(tenant: str, tokens: int):
-        request = replace(rig.request(), tenant=Tenant(tenant, TenantPolicy()))
-        return asyncio.run(rig.admission.admit(request, rig.pools, PromptBlocks.unknown(tokens)))
-
-    first = admit("noisy", 300)
-    assert admit("noisy", 300).grant.cost == 300  # alone, noisy may fill the queue
-    rig.admission.precheck(replace(rig.request(), tenant=Tenant("polite", TenantPolicy())),
-                           rig.pools)  # polite asks: half of the 1000 is its due  # fmt: skip
-    with pytest.raises(Overloaded) as refused:
-        admit("noisy", 100)  # 600 held + 100 is past the 500 left once polite's half is owed
-    assert refused.value.code == "tenant_share" and refused.value.retry_after_s == 1
-    assert admit("polite", 400).grant.cost == 400
-    first.grant.release()
-    rig.now = 11.0  # polite's request is over 10 s old, but it still holds its 400
-    assert admit("noisy", 100).grant.cost == 100  # 300 + 400 + 100 within 1000 - 100 owed
-
-
-def test_a_tenant_within_its_share_of_what_was_granted_lately_is_not_refused_for_room():
-    rig = Rig(prefill_queue_tokens_per_worker=1000)
-
-    def admit(tenant: str, tokens: int):
-        request = replace(rig.request(), tenant=Tenant(tenant, TenantPolicy()))
-        return asyncio.run(rig.admission.admit(request, rig.pools, PromptBlocks.unknown(tokens)))
-
-    for _ in range(8):
-        admit("noisy", 100).grant.release()  # noisy was granted 800 tokens lately
-    held = admit("noisy", 100)
-    admit("polite", 400)
-    # Polite holds 400 of the bound, over its half of what is left once noisy is owed its
-    # own (500 - 100); but it was granted far less than noisy lately, so it is not refused.
-    assert admit("polite", 300).grant.cost == 300
-    held.grant.release()
-
-
-def test_a_tenant_holding_nothing_is_never_refused_for_its_share():
-    rig = Rig(prefill_queue_tokens_per_worker=1000)
-    request = replace(rig.request(), tenant=Tenant("polite", TenantPolicy()))
-    asyncio.run(rig.admission.admit(request, rig.pools, PromptBlocks.unknown(100)))
-    noisy = replace(rig.request(), tenant=Tenant("noisy", TenantPolicy()))
-    admitted = asyncio.run(rig.admission.admit(noisy, rig.pools, PromptBlocks.unknown(600)))
-    assert admitted.grant.cost == 600  # over its 500 of 1000, but it held nothing
-
-
 def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_the_rest():
     rig = Rig()
     rig.load.begin("p", 1000)  # 1 s queued: alone, not a reason to refuse
