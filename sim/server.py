@@ -372,12 +372,8 @@ async def _stream(
     await response.prepare(http)
     first = True
     held: list[int] = []
-    async for token in _tokens(request):
-        server.metrics.on_token(request, first)
-        held.append(token)
-        finished = request.finish_reason is not None and request.tokens.qsize() == 1
-        if not (first or finished or len(held) >= interval):
-            continue
+
+    async def send_held(finished: bool) -> None:
         text = "".join(server.tokenizer.decode_one(t) for t in held)
         if chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
@@ -385,11 +381,21 @@ async def _stream(
         else:
             choice = {"index": 0, "text": text, "finish_reason": None}
         if body.get("return_token_ids"):
-            choice["token_ids"] = held
+            choice["token_ids"] = list(held)
         if finished:
-            choice["finish_reason"] = request.finish_reason  # only the end marker is left
-        first, held = False, []
+            choice["finish_reason"] = request.finish_reason
         await _send(response, _envelope(server, request, chat, [choice], chunk=True))
+
+    async for token in _tokens(request):
+        server.metrics.on_token(request, first)
+        held.append(token)
+        # Only the end marker left: this is the last token.
+        finished = request.finish_reason is not None and request.tokens.qsize() == 1
+        if first or finished or len(held) >= interval:
+            await send_held(finished)
+            first, held = False, []
+    if held:  # the stream ended without its last token seen as such: nothing is dropped
+        await send_held(True)
     if (body.get("stream_options") or {}).get("include_usage"):
         usage_chunk = _envelope(server, request, chat, [], chunk=True)
         usage_chunk["usage"] = _usage(request)
