@@ -117,16 +117,17 @@ class Admission:
         True: a queue is ahead of it (``precheck_head`` may then refuse it)."""
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
-        forecast = self._forecast(request, pools, dict.fromkeys(
-            (w.worker_id for w in pools.first_hop), 0))  # fmt: skip
+        forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
         self._refuse_if_late(request, pools, forecast, self._target_s(request))
         return forecast.queued
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
         """Could the prompt, all of its ``tokens_at_most`` uncached, be refused? If not,
         measuring its head for ``precheck_head`` is wasted work."""
-        uncached = dict.fromkeys((w.worker_id for w in pools.first_hop), tokens_at_most)
-        forecast = self._forecast(request, pools, uncached)
+        forecast = self._forecast(
+            request, pools, _each(pools.first_hop, tokens_at_most),
+            _each(pools.decode, tokens_at_most),
+        )  # fmt: skip
         return self._late(forecast, self._target_s(request)) and not self._sheltered(
             request, pools, forecast
         )
@@ -137,12 +138,14 @@ class Admission:
         first block); on one that holds the whole head, nothing more is known. Refuse at
         once if even that makes it late."""
         block_size = head.blocks.block_size
-        uncached = {
+
+        lacking = {
             worker_id: n + head.rest_tokens if n >= block_size else 1
-            for worker_id, n in self._scheduler.uncached_tokens(pools.first_hop,
-                                                                head.blocks).items()
-        }  # fmt: skip
-        forecast = self._forecast(request, pools, uncached)
+            for worker_id, n in self._scheduler.uncached_tokens(
+                [*pools.first_hop, *pools.decode], head.blocks
+            ).items()
+        }
+        forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_late(request, pools, forecast, self._target_s(request), at_least=True)
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
@@ -161,8 +164,9 @@ class Admission:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
         self._check_decode_room(request, decode_pool, blocks, output)
         slo_s = self._target_s(request)
-        uncached = self._scheduler.uncached_tokens(pools.first_hop, blocks)
-        forecast = self._forecast(request, pools, uncached)
+        # One prefix lookup for both pools: what each worker lacks of the prompt.
+        lacking = self._scheduler.uncached_tokens([*pools.first_hop, *pools.decode], blocks)
+        forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_late(request, pools, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
@@ -283,9 +287,11 @@ class Admission:
         )  # fmt: skip
 
     def _forecast(
-        self, request: PreparedRequest, pools: Pools, uncached: dict[str, int]
-    ) -> _Forecast:
-        """``uncached``: what each first-hop worker would prefill of the prompt."""
+        self, request: PreparedRequest, pools: Pools, uncached: dict[str, int],
+        pulled: dict[str, int],
+    ) -> _Forecast:  # fmt: skip
+        """``uncached``: what each first-hop worker would prefill of the prompt;
+        ``pulled``: what each decode worker would pull of its KV (disaggregated)."""
         first_hop, predictor, now = pools.first_hop, self._predictor, self._clock()
 
         prefill_s = {
@@ -322,8 +328,8 @@ class Admission:
         decode_busy = False
         if pools.disaggregated:
             in_flight = {w.worker_id: self._load.of(w.worker_id).requests for w in pools.decode}
-            handoff_s = min(predictor.handoff_s(w, n + 1) for w, n in in_flight.items())
-            idle_handoff_s = min(predictor.handoff_s(w, 1) for w in in_flight)
+            handoff_s = min(predictor.handoff_s(w, n + 1, pulled[w]) for w, n in in_flight.items())
+            idle_handoff_s = min(predictor.handoff_s(w, 1, pulled[w]) for w in in_flight)
             decode_busy = min(in_flight.values()) > 0
         return _Forecast(
             ttft_s=max(
@@ -390,3 +396,7 @@ class Admission:
         waited_s = self._clock() - request.arrived_s
         self._metrics.rejection_latency.labels(request.model, reason).observe(waited_s)
         return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
+
+
+def _each(workers: Sequence[WorkerState], tokens: int) -> dict[str, int]:
+    return dict.fromkeys((w.worker_id for w in workers), tokens)

@@ -285,7 +285,9 @@ class Orchestrator:
                 )
             else:
                 handoff_s = at_s - handoff.issued_at_s
-                self._predictor.observe_handoff(worker.worker_id, requests_there, handoff_s)
+                self._predictor.observe_handoff(
+                    worker.worker_id, requests_there, decision.uncached_tokens, handoff_s
+                )
                 self._metrics.stage.labels(request.model, "kv_handoff").observe(handoff_s)
             if request.predicted_ttft_s is not None:
                 error_s = abs(at_s - request.arrived_s - request.predicted_ttft_s)

@@ -22,10 +22,16 @@ Busy time does not depend on where in a step a request landed. A queue counted w
 (the step under way included) makes the prediction err late, which is the safe side;
 later arrivals that join a request's step are admission's concern (``load.py``).
 
-For a disaggregated request the first token also waits for the KV transfer and the
-decode's first step, which grow with the decode worker's load: per decode worker,
-handoff seconds = ``intercept + slope x requests in flight there`` (itself included),
-fitted the same way from first token minus prefill end. Until a decode worker has
+For a disaggregated request the first token also waits for the KV transfer, which
+grows with the KV pulled, and the decode's first step, which grows with the decode
+worker's load: per decode worker,
+
+    handoff seconds = intercept + a x requests in flight there (itself included)
+                                + b x prompt tokens it pulls (those it does not hold)
+
+fitted the same way (``decayed_fit``) from first token minus prefill end. A line over
+the load alone, as before, charged every handoff the average transfer: long prompts
+came out 15-24% late against their forecast (admission run 11). Until a decode worker has
 ``min_samples`` of its own, the fit over every decode worker's handoffs stands in (from
 the first one seen): a cold pool is not assumed to hand off for free. Both models follow
 the load they are given, so a prediction falls back as queues drain: no stale average
@@ -40,39 +46,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from router.decayed_fit import DecayedFit
+
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class _Fit:
-    weight: float = 0.0
-    sum_x: float = 0.0
-    sum_y: float = 0.0
-    sum_xx: float = 0.0
-    sum_xy: float = 0.0
-    samples: int = 0
-
-    def add(self, x: float, y: float, decay: float) -> None:
-        self.weight = self.weight * decay + 1.0
-        self.sum_x = self.sum_x * decay + x
-        self.sum_y = self.sum_y * decay + y
-        self.sum_xx = self.sum_xx * decay + x * x
-        self.sum_xy = self.sum_xy * decay + x * y
-        self.samples += 1
-
-    def line(self, min_samples: int) -> tuple[float, float] | None:
-        """(intercept_s, slope_s_per_token), or None while the data cannot say."""
-        if self.samples < min_samples:
-            return None
-        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
-        variance = self.sum_xx / self.weight - mean_x * mean_x
-        if variance <= max(1.0, 1e-6 * mean_x * mean_x):
-            # All prefills one size: only the mean rate is known, not the fixed cost.
-            return (0.0, mean_y / mean_x) if mean_x > 0 else None
-        slope = (self.sum_xy / self.weight - mean_x * mean_y) / variance
-        if slope <= 0:
-            return (0.0, mean_y / mean_x) if mean_x > 0 else None
-        return max(0.0, mean_y - slope * mean_x), slope
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +92,10 @@ class TTFTPredictor:
         self._decay = decay
         self._drain_half_life_s = drain_half_life_s
         self._min_samples = min_samples
-        self._fits: dict[str, _Fit] = {}
-        self._handoff_fits: dict[str, _Fit] = {}
-        self._pool_handoff = _Fit()  # every decode worker's, for one without its own yet
+        self._fits: dict[str, DecayedFit] = {}  # alone prefill seconds over (own tokens)
+        # handoff seconds over (requests in flight there, prompt tokens the worker pulls)
+        self._handoff_fits: dict[str, DecayedFit] = {}
+        self._pool_handoff = DecayedFit(2)  # every decode worker's, for one without its own
         self._drains: dict[str, _Drain] = {}
         self._seeded: dict[str, tuple[float, float]] = {}  # worker -> probe's line
 
@@ -131,11 +108,11 @@ class TTFTPredictor:
         self._fits.pop(worker_id, None)
         self._seeded.pop(worker_id, None)
         self._drains.pop(worker_id, None)
-        fit = _Fit()
+        fit = DecayedFit()
         for tokens, seconds in probe:
             if tokens > 0 and seconds > 0:
-                fit.add(float(tokens), seconds, 1.0)
-        line = fit.line(1)
+                fit.add((float(tokens),), seconds, 1.0)
+        line = _line(fit.solve(1))
         if line is not None:
             if len(self._seeded) >= self._max_workers:
                 del self._seeded[next(iter(self._seeded))]
@@ -154,7 +131,7 @@ class TTFTPredictor:
 
     def _alone_line(self, worker_id: str) -> tuple[float, float]:
         fit = self._fits.get(worker_id)
-        line = fit.line(self._min_samples) if fit is not None else None
+        line = _line(fit.solve(self._min_samples)) if fit is not None else None
         if line is not None:
             return line
         seeded = self._seeded.get(worker_id)
@@ -164,16 +141,18 @@ class TTFTPredictor:
         rate = drain.rate(self._min_samples) if drain is not None else None
         return (0.0, 1.0 / rate if rate else self._prior_slope)
 
-    def handoff_s(self, decode_worker_id: str, requests: int) -> float:
+    def handoff_s(self, decode_worker_id: str, requests: int, pulled_tokens: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with
-        ``requests`` in flight there (this one included); 0 until it has taught us."""
+        ``requests`` in flight there (this one included), pulling ``pulled_tokens`` of KV
+        (the prompt's tokens it does not hold); 0 until some decode worker taught us."""
         fit = self._handoff_fits.get(decode_worker_id)
-        line = fit.line(self._min_samples) if fit is not None else None
-        if line is None:
-            line = self._pool_handoff.line(1)
-        if line is None:
+        plane = fit.solve(self._min_samples) if fit is not None else None
+        if plane is None:
+            plane = self._pool_handoff.solve(1)
+        if plane is None:
             return 0.0
-        return line[0] + line[1] * requests
+        intercept, (per_request, per_token) = plane
+        return intercept + per_request * requests + per_token * pulled_tokens
 
     def prefill_sent(self, worker_id: str, at_s: float, queued_tokens: int) -> PrefillMark:
         """A prefill goes to the worker now, with ``queued_tokens`` already under way."""
@@ -205,15 +184,26 @@ class TTFTPredictor:
         alone = mark.alone and drain.finished_tokens == mark.finished_tokens
         drain.finished_tokens += own_tokens
         if alone:
-            _of_worker(self._fits, mark.worker_id, self._max_workers, _Fit).add(
-                float(own_tokens), ended_s - mark.sent_s, self._decay
+            _of_worker(self._fits, mark.worker_id, self._max_workers, DecayedFit).add(
+                (float(own_tokens),), ended_s - mark.sent_s, self._decay
             )
 
-    def observe_handoff(self, decode_worker_id: str, requests: int, seconds: float) -> None:
-        _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _Fit).add(
-            float(requests), seconds, self._decay
-        )
-        self._pool_handoff.add(float(requests), seconds, self._decay)
+    def observe_handoff(
+        self, decode_worker_id: str, requests: int, pulled_tokens: int, seconds: float
+    ) -> None:
+        x = (float(requests), float(pulled_tokens))
+        fit = _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _plane)
+        fit.add(x, seconds, self._decay)
+        self._pool_handoff.add(x, seconds, self._decay)
+
+
+def _plane() -> DecayedFit:
+    return DecayedFit(2)
+
+
+def _line(fit: tuple[float, tuple[float, ...]] | None) -> tuple[float, float] | None:
+    """(intercept_s, slope_s_per_token) of a one-feature fit."""
+    return None if fit is None else (fit[0], fit[1][0])
 
 
 def _of_worker(

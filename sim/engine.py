@@ -191,17 +191,20 @@ class SimEngine:
         request.blocks = blocks
         cached_blocks = self.pool.cached_prefix_blocks(request.hashes)
         self.stats.prefix_cache_queries += prompt_len
+        # Like vLLM, the last prompt token is always recomputed to sample from (or pulled).
+        cached = min(cached_blocks * self.pool.block_size, prompt_len - 1)
         if request.kv_pulled:
-            # Pulled KV lands in this engine's prefix cache like computed KV (vLLM caches
-            # the blocks a connector loads), so a later turn can hit it here.
+            # The connector pulled what this engine lacked (vLLM's pull asks for the prompt
+            # less its locally computed tokens). Pulled KV lands in the prefix cache like
+            # computed KV (vLLM caches the blocks a connector loads): a later turn hits it.
             request.computed_tokens = prompt_len
-            self.stats.prompt_tokens_by_source["external_kv_transfer"] += prompt_len
-            self.stats.external_prefix_cache_queries += prompt_len
-            self.stats.external_prefix_cache_hits += prompt_len
+            self.stats.prefix_cache_hits += cached
+            self.stats.prompt_tokens_by_source["local_cache_hit"] += cached
+            self.stats.prompt_tokens_by_source["external_kv_transfer"] += prompt_len - cached
+            self.stats.external_prefix_cache_queries += prompt_len - cached
+            self.stats.external_prefix_cache_hits += prompt_len - cached
             self.pool.store(request.blocks, request.hashes, request.prompt_token_ids)
             return True
-        # Like vLLM, the last prompt token is always recomputed to sample from.
-        cached = min(cached_blocks * self.pool.block_size, prompt_len - 1)
         request.computed_tokens = cached
         self.stats.prefix_cache_hits += cached
         self.stats.prompt_tokens_by_source["local_cache_hit"] += cached

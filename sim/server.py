@@ -281,14 +281,19 @@ class SimServer:
                 held = await response.json()
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             return f"KV transfer failed: producer unreachable ({type(error).__name__})"
-        ours = [h.hex() for h in self.engine.prompt_hashes(prompt_ids)]
-        if held.get("num_tokens") != len(prompt_ids) or held.get("block_hashes") != ours:
+        hashes = self.engine.prompt_hashes(prompt_ids)
+        if held.get("num_tokens") != len(prompt_ids) or held.get("block_hashes") != [
+            h.hex() for h in hashes
+        ]:
             return "KV transfer failed: the producer's blocks are another prompt's"
-        transfer_s = self.config.profile.transfer_s(len(prompt_ids))
+        # Only what this engine lacks crosses the link, as vLLM's pull asks for the prompt
+        # less its locally cached tokens (the last one always comes over).
+        profile = self.config.profile
+        local = self.engine.pool.cached_prefix_blocks(hashes) * profile.block_size_tokens
+        pulled = len(prompt_ids) - min(local, len(prompt_ids) - 1)
+        transfer_s = profile.transfer_s(pulled)
         await asyncio.sleep(max(0.0, transfer_s - (time.monotonic() - started)))
-        self.metrics.on_transfer(
-            transfer_s, len(prompt_ids) * self.config.profile.kv_bytes_per_token
-        )
+        self.metrics.on_transfer(transfer_s, pulled * profile.kv_bytes_per_token)
         return None
 
     def handoff(self, request: SimRequest) -> dict[str, Any]:

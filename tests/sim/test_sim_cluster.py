@@ -57,6 +57,39 @@ def test_decode_takes_the_prompt_from_the_transfer(sim_cluster):
     assert gained == result.usage["prompt_tokens"]
 
 
+def test_a_decode_pulls_only_the_kv_it_lacks(sim_cluster):
+    """As vLLM's NIXL pull: the prompt less what the decode engine holds crosses the link,
+    so a repeated prompt moves one block's worth at most, not the whole prompt again."""
+    prefill = sim_cluster.worker("prefill-0").engine_url
+    decode = sim_cluster.worker("decode-0").engine_url
+    body = {"model": MODEL, "prompt": "pulled once " * 64, "max_tokens": 1}
+
+    def pulled_bytes() -> float:
+        return total(scrape(decode + "/metrics"), "vllm:nixl_bytes_transferred_sum")
+
+    gained = []
+    for _ in range(2):
+        handoff = httpx.post(
+            prefill + "/v1/completions",
+            json={**body, "kv_transfer_params": {"do_remote_decode": True}},
+        )
+        before = pulled_bytes()
+        answer = httpx.post(
+            decode + "/v1/completions",
+            json={
+                **body,
+                "max_tokens": 3,
+                "kv_transfer_params": handoff.json()["kv_transfer_params"],
+            },
+        )
+        assert answer.status_code == 200, answer.text
+        gained.append(pulled_bytes() - before)
+    prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+    bytes_per_token = gained[0] / prompt_tokens
+    assert bytes_per_token > 0
+    assert 1 <= gained[1] / bytes_per_token <= 16  # the tail past the last full block
+
+
 def test_openai_client_streams_concurrently(sim_cluster):
     client = openai.OpenAI(base_url=sim_cluster.router_url + "/v1", api_key="x", max_retries=0)
     streams = [

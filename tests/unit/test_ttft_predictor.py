@@ -51,12 +51,37 @@ def test_one_size_only_gives_the_mean_rate():
 
 def test_the_handoff_time_follows_the_decode_workers_load():
     predictor = TTFTPredictor(prior_tokens_per_s=1e6)
-    assert predictor.handoff_s("d", requests=5) == 0.0  # nothing seen anywhere: no guess
+    assert predictor.handoff_s("d", requests=5, pulled_tokens=100) == 0.0  # nothing seen: no guess
     for requests in range(1, 41):
-        predictor.observe_handoff("d", requests, 0.01 + 0.005 * requests)
-    assert predictor.handoff_s("d", requests=60) == pytest.approx(0.31, rel=0.05)
+        predictor.observe_handoff("d", requests, 100, 0.01 + 0.005 * requests)
+    assert predictor.handoff_s("d", 60, 100) == pytest.approx(0.31, rel=0.05)
     # The load drained: the same fit predicts the idle time, not the burst's average.
-    assert predictor.handoff_s("d", requests=1) == pytest.approx(0.015, rel=0.1)
+    assert predictor.handoff_s("d", 1, 100) == pytest.approx(0.015, rel=0.1)
+
+
+def test_the_handoff_time_grows_with_the_kv_pulled():
+    """A transfer takes time per token pulled: fitted on load and prompt size together,
+    checked on a prompt four times the longest seen and on a load never seen (held out).
+    A line over the load alone (the old fit) charges the 8,000-token prompt the average
+    transfer and comes out far too low."""
+    rng = random.Random(3)
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+
+    def truth(requests: int, tokens: int) -> float:
+        return 0.02 + 0.004 * requests + 0.0001 * tokens  # 10k tokens/s over the link
+
+    for _ in range(300):
+        requests, tokens = rng.randint(1, 20), rng.randint(50, 2000)
+        predictor.observe_handoff(
+            "d", requests, tokens, truth(requests, tokens) + rng.gauss(0, 0.003)
+        )
+    assert predictor.handoff_s("d", 2, 8000) == pytest.approx(truth(2, 8000), rel=0.05)
+    assert predictor.handoff_s("d", 40, 100) == pytest.approx(truth(40, 100), rel=0.05)
+    # Every prompt one size: the split between the terms is unknown, the load's is learned.
+    fixed = TTFTPredictor(prior_tokens_per_s=1e6)
+    for requests in range(1, 21):
+        fixed.observe_handoff("d", requests, 512, truth(requests, 512))
+    assert fixed.handoff_s("d", 30, 512) == pytest.approx(truth(30, 512), rel=1e-6)
 
 
 def test_a_probed_worker_starts_from_its_probe_then_from_its_own_prefills():
@@ -74,12 +99,12 @@ def test_a_probed_worker_starts_from_its_probe_then_from_its_own_prefills():
 
 def test_a_decode_worker_without_handoffs_of_its_own_borrows_the_pools():
     predictor = TTFTPredictor(prior_tokens_per_s=1e6, min_samples=8)
-    predictor.observe_handoff("d0", 4, 0.4)  # one handoff, on another decode worker
-    assert predictor.handoff_s("d1", requests=4) == pytest.approx(0.4)
-    assert predictor.handoff_s("d1", requests=8) == pytest.approx(0.8)  # through the origin
+    predictor.observe_handoff("d0", 4, 1000, 0.4)  # one handoff, on another decode worker
+    assert predictor.handoff_s("d1", 4, 1000) == pytest.approx(0.4)
+    assert predictor.handoff_s("d1", 8, 1000) == pytest.approx(0.8)  # through the origin
     for requests in range(1, 9):
-        predictor.observe_handoff("d1", requests, 0.2 + 0.01 * requests)
-    assert predictor.handoff_s("d1", requests=4) == pytest.approx(0.24, rel=1e-6)
+        predictor.observe_handoff("d1", requests, 1000, 0.2 + 0.01 * requests)
+    assert predictor.handoff_s("d1", 4, 1000) == pytest.approx(0.24, rel=1e-6)
 
 
 def stepped_engine(rng: random.Random, rate: float, floor_s: float, arrivals_per_s: float):
