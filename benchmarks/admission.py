@@ -90,6 +90,7 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
     print(f"  [{name}] {len(results)} sent in {duration_s:.0f}s; "
           f"{sum(r.ok for r in results)} ok, 429s {dict(rejected)}, other errors "
           f"{dict(Counter(error_kind(r) for r in results if not r.ok and r.status != 429))}",
+          # (413s, e.g. prompt_exceeds_ttft_slo, are among the other errors here)
           flush=True)  # fmt: skip
     return {
         "results": results,
@@ -160,8 +161,10 @@ def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
     meeting = [r for r in ok if r.ttft_s * 1000 <= slo_ms]
     out = {
         "requests": len(results), "succeeded": len(ok), "rejected_429": len(refused),
+        # Refused for good: a prompt that would miss the SLO alone (refuse_prompts_past_slo).
+        "rejected_413_by_code": dict(Counter(_reason(r) for r in results if r.status == 413)),
         "other_errors": dict(Counter(error_kind(r) for r in results
-                                     if not r.ok and r.status != 429)),
+                                     if not r.ok and r.status not in (413, 429))),
         "ttft_ms": percentiles([r.ttft_s for r in ok]),
         "itl_ms": percentiles([gap for r in ok for gap in r.itl_s]),
         # A preempted stream stalls while it is recomputed: its longest gap shows it.

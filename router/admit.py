@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from router.admission_queue import Grant, PrefillQueue, QueueDeadline, QueueFull
 from router.context_window import context_limit
-from router.errors import Overloaded
+from router.errors import Overloaded, RequestTooLarge
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest, PromptHead
@@ -72,6 +72,7 @@ class Admitted:
 class _Forecast:
     ttft_s: float
     own_prefill_s: float  # its own prefill (and handoff) on the best workers, with no queue
+    alone_s: float  # the same on the workers where it is fastest: it cannot beat this
     uncached_tokens: int
     queued: bool  # work is ahead of it somewhere: waiting could help it
     handoff_s: float  # the predicted KV handoff after the prefill (0 colocated)
@@ -167,6 +168,7 @@ class Admission:
         # One prefix lookup for both pools: what each worker lacks of the prompt.
         lacking = self._scheduler.uncached_tokens([*pools.first_hop, *pools.decode], blocks)
         forecast = self._forecast(request, pools, lacking, lacking)
+        self._refuse_if_past_slo_alone(request, forecast)
         self._refuse_if_late(request, pools, forecast, slo_s)
         grant = await self._queue(request, pools.first_hop, forecast, slo_s)
         try:
@@ -243,11 +245,30 @@ class Admission:
                 wait_s=1.0,
             )  # fmt: skip
 
-    def _target_s(self, request: PreparedRequest) -> float:
-        """The SLO (the model's, or the client's if lower) less the predictor's margin."""
+    def _slo_s(self, request: PreparedRequest) -> float:
+        """The model's TTFT SLO, or the client's if lower."""
         model_slo_s = self._settings.ttft_slo_of(request.model)
-        slo_s = min(model_slo_s, request.ttft_slo_s or model_slo_s)
-        return slo_s * self._settings.ttft_slo_headroom
+        return min(model_slo_s, request.ttft_slo_s or model_slo_s)
+
+    def _target_s(self, request: PreparedRequest) -> float:
+        """The SLO less the predictor's margin."""
+        return self._slo_s(request) * self._settings.ttft_slo_headroom
+
+    def _refuse_if_past_slo_alone(self, request: PreparedRequest, forecast: _Forecast) -> None:
+        """A prompt that would miss the SLO on idle workers: no wait helps it, so with
+        ``refuse_prompts_past_slo`` it gets a 413 that says why, not a 429 to retry. The
+        line is the SLO itself, not the target: only a miss the forecast is sure of."""
+        slo_s = self._slo_s(request)
+        if not self._settings.refuse_prompts_past_slo or forecast.alone_s <= slo_s:
+            return
+        self._metrics.admission_rejections.labels(request.model, "prompt_exceeds_ttft_slo").inc()
+        raise RequestTooLarge(
+            f"this prompt's {forecast.uncached_tokens} uncached tokens are forecast to take "
+            f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
+            f"{slo_s:.2f}s time-to-first-token SLO; shorten the prompt",
+            param=request.endpoint.prompt_param,
+            code="prompt_exceeds_ttft_slo",
+        )
 
     def _sheltered(self, request: PreparedRequest, pools: Pools, forecast: _Forecast) -> bool:
         """A tenant within its share while another is over its own waits in the queue, where
@@ -338,6 +359,10 @@ class Admission:
             )
             + handoff_s,
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
+            alone_s=min(
+                predictor.prefill_s(w.worker_id, 0, uncached[w.worker_id]) for w in first_hop
+            )
+            + idle_handoff_s,
             uncached_tokens=own_tokens,
             queued=bool(
                 ahead or grant_wait_s or self._load.of(best.worker_id).tokens or decode_busy

@@ -58,7 +58,7 @@ class DecayedFit:
         ]
         cov_y = [self._sum_xy[i] / w - mean[i] * mean_y for i in range(self._features)]
         # All samples (nearly) one value of a feature: it explains nothing.
-        varying = [i for i in range(self._features) if cov[i][i] > max(1.0, 1e-6 * mean[i] ** 2)]
+        varying = [i for i in range(self._features) if cov[i][i] > 1e-6 * max(1.0, mean[i] ** 2)]
         best: tuple[float, dict[int, float]] | None = None  # (explained variance, slopes)
         for size in range(len(varying), 0, -1):
             for subset in combinations(varying, size):

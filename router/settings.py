@@ -440,6 +440,12 @@ class AdmissionSettings(_Group):
         "queue deadline), leaving the rest for the predictor's error.",
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
+    refuse_prompts_past_slo: bool = Field(
+        False,
+        description="Refuse (413 `prompt_exceeds_ttft_slo`, not retryable) a prompt whose own "
+        "prefill and KV handoff, forecast on idle workers, is over the TTFT SLO: it would "
+        "miss even alone. Off: it is served as fast as the pool can, late.",
+    )
     prefill_queue_tokens_per_worker: int = Field(
         16384,
         ge=1,

@@ -10,7 +10,7 @@ import pytest
 
 from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
 from router.admit import Admission
-from router.errors import Overloaded
+from router.errors import Overloaded, RequestTooLarge
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
 from router.prefix_tracking import PrefixTracker
@@ -156,3 +156,23 @@ def test_a_prompt_that_could_not_be_refused_even_all_uncached_is_not_measured_in
     opened = Rig(ttft_slo_s=3600.0)  # admission's SLO opened, as benchmarks.router_cpu runs
     opened.load.begin("p", 1000)
     assert not opened.admission.could_refuse(opened.request(), opened.pools, 10**6)
+
+
+def test_a_prompt_that_would_miss_the_slo_alone_is_refused_for_good_only_when_asked():
+    """1800 tokens at 1000 tok/s, plus a handoff that grows with the KV pulled: 1.8 s of
+    prefill and 0.36 s of handoff on idle workers, over the 2 s SLO. By default it is
+    served (late, as fast as it can be); with ``refuse_prompts_past_slo`` it is a 413
+    that no retry would change, not a 429."""
+    strict = Rig(refuse_prompts_past_slo=True)
+    default = Rig()
+    for rig in (strict, default):
+        for requests, pulled in ((1, 100), (2, 1000), (1, 2000), (3, 400)):
+            rig.predictor.observe_handoff("d", requests, pulled, 0.01 * requests + pulled / 5000)
+    assert default.admit(1800).request.predicted_ttft_s == pytest.approx(1.8 + 0.01 + 0.36)
+    with pytest.raises(RequestTooLarge) as refused:
+        strict.admit(1800)
+    assert refused.value.status == 413 and refused.value.code == "prompt_exceeds_ttft_slo"
+    assert refused.value.param == "prompt" and not refused.value.headers()
+    assert "2.17s" in str(refused.value)
+    # A shorter prompt fits alone: the handoff's share shrinks with it.
+    assert strict.admit(1500).request.predicted_ttft_s == pytest.approx(1.5 + 0.01 + 0.3)
