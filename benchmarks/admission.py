@@ -107,7 +107,7 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
 def _refused_within(router: list, seconds: float) -> float | None:
     name = "pdserve_admission_rejection_seconds"
     fast = ("ttft_slo_unattainable", "rate_limit_rpm", "rate_limit_tpm", "queue_full",
-            "decode_kv_full", "decode_thrashing")  # fmt: skip
+            "decode_kv_full", "decode_thrashing", "prompt_exceeds_ttft_slo")  # fmt: skip
     count = sum(total(router, f"{name}_count", reason=r) for r in fast)
     within = sum(total(router, f"{name}_bucket", reason=r, le=str(seconds)) for r in fast)
     return within / count if count else None
@@ -205,8 +205,11 @@ def forecast_summary(ok: list[RequestResult], slo_ms: float) -> dict:
 
 def recovery_s(results: list[RequestResult], slo_ms: float, burst_end_s: float) -> float | None:
     """From the burst's end to the send time after which every request was accepted
-    within the SLO; None if that never happened."""
-    after = sorted((r for r in results if r.started_s >= burst_end_s), key=lambda r: r.started_s)
+    within the SLO; None if that never happened. A 413 (a prompt that misses the SLO
+    even alone, with ``refuse_prompts_past_slo``) is left out: an idle pool refuses it
+    too, so it says nothing about recovering."""
+    after = sorted((r for r in results if r.started_s >= burst_end_s and r.status != 413),
+                   key=lambda r: r.started_s)  # fmt: skip
     last_bad = None
     for r in after:
         if not (r.ok and r.ttft_s is not None and r.ttft_s * 1000 <= slo_ms):

@@ -261,7 +261,7 @@ class Admission:
         slo_s = self._slo_s(request)
         if not self._settings.refuse_prompts_past_slo or forecast.alone_s <= slo_s:
             return
-        self._metrics.admission_rejections.labels(request.model, "prompt_exceeds_ttft_slo").inc()
+        self._count_refusal(request, "prompt_exceeds_ttft_slo")
         raise RequestTooLarge(
             f"this prompt's {forecast.uncached_tokens} uncached tokens are forecast to take "
             f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
@@ -345,13 +345,7 @@ class Admission:
         limit = self._queue_limit_tokens(request.model, first_hop, pool_tokens_per_s)
         over_limit = admitted + ahead + own_tokens - limit
         grant_wait_s = min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
-        handoff_s = idle_handoff_s = 0.0
-        decode_busy = False
-        if pools.disaggregated:
-            in_flight = {w.worker_id: self._load.of(w.worker_id).requests for w in pools.decode}
-            handoff_s = min(predictor.handoff_s(w, n + 1, pulled[w]) for w, n in in_flight.items())
-            idle_handoff_s = min(predictor.handoff_s(w, 1, pulled[w]) for w in in_flight)
-            decode_busy = min(in_flight.values()) > 0
+        handoff_s, idle_handoff_s, decode_busy = self._handoff(pools, pulled)
         return _Forecast(
             ttft_s=max(
                 prefill_s[best.worker_id] + ahead / pool_tokens_per_s,
@@ -369,6 +363,19 @@ class Admission:
             ),
             handoff_s=handoff_s,
             crowded=not roomy,
+        )
+
+    def _handoff(self, pools: Pools, pulled: dict[str, int]) -> tuple[float, float, bool]:
+        """The KV handoff on the best decode worker now and on an idle one, and whether
+        every decode worker is busy; nothing colocated."""
+        if not pools.disaggregated:
+            return 0.0, 0.0, False
+        predictor = self._predictor
+        in_flight = {w.worker_id: self._load.of(w.worker_id).requests for w in pools.decode}
+        return (
+            min(predictor.handoff_s(w, n + 1, pulled[w]) for w, n in in_flight.items()),
+            min(predictor.handoff_s(w, 1, pulled[w]) for w in in_flight),
+            min(in_flight.values()) > 0,
         )
 
     def _queue_limit_tokens(
@@ -417,10 +424,13 @@ class Admission:
     def _refused(
         self, request: PreparedRequest, reason: str, message: str, *, wait_s: float
     ) -> Overloaded:
+        self._count_refusal(request, reason)
+        return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
+
+    def _count_refusal(self, request: PreparedRequest, reason: str) -> None:
         self._metrics.admission_rejections.labels(request.model, reason).inc()
         waited_s = self._clock() - request.arrived_s
         self._metrics.rejection_latency.labels(request.model, reason).observe(waited_s)
-        return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
 
 
 def _each(workers: Sequence[WorkerState], tokens: int) -> dict[str, int]:

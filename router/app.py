@@ -52,6 +52,7 @@ from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 from router.state_sync import StateSync
 from router.tenants import Tenants
+from router.token_prefix_cache import TokenPrefixCache
 from router.ttft_predictor import TTFTPredictor
 from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
 from router.windows import SlidingSums
@@ -134,11 +135,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
         metrics=metrics, clock=clock,
     )  # fmt: skip
-    pipeline = RequestPipeline(
-        settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
-        metrics=metrics, clock=clock,
-        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries),
-    )  # fmt: skip
+    pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock)
     rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
@@ -151,6 +148,21 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
         admission=admission, rollout=rollout, rollout_path=rollout_path,
         review=rollout_path.review, on_registered=registered,
+    )  # fmt: skip
+
+
+def _pipeline(
+    settings: RouterSettings, registry: WorkerRegistry, admission: Admission,
+    orchestrator: Orchestrator, metrics: RouterMetrics, clock: Callable[[], float],
+) -> RequestPipeline:  # fmt: skip
+    return RequestPipeline(
+        settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
+        metrics=metrics, clock=clock,
+        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries),
+        token_cache=TokenPrefixCache(
+            max_tokens=settings.server.token_prefix_cache_tokens,
+            stride_chars=settings.server.token_prefix_stride_chars,
+        ),
     )  # fmt: skip
 
 

@@ -354,6 +354,13 @@ class RouterMetrics:
             ["model"],
             registry=r,
         )
+        self.prompt_chars = Counter(
+            "pdserve_prompt_chars_total",
+            "Characters of prompt text the router tokenized (source=tokenized) or took from "
+            "its token prefix cache (source=reused)",
+            ["model", "source"],
+            registry=r,
+        )
         self.predicted_ttft = Histogram(
             "pdserve_predicted_ttft_seconds",
             "Admission's predicted TTFT for each admitted request (compare with "

@@ -23,6 +23,7 @@ from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
 from router.prepare import (
     PreparedRequest,
+    Tokenized,
     measure_head,
     measure_prompt,
     prompt_chars,
@@ -31,6 +32,7 @@ from router.prepare import (
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerRegistry
 from router.settings import ServerSettings
+from router.token_prefix_cache import TokenPrefixCache
 
 
 class RequestPipeline:
@@ -40,6 +42,7 @@ class RequestPipeline:
         *,
         registry: WorkerRegistry,
         hashers: BlockHashers,
+        token_cache: TokenPrefixCache,
         admission: Admission,
         orchestrator: Orchestrator,
         metrics: RouterMetrics,
@@ -48,6 +51,7 @@ class RequestPipeline:
         self._settings = settings
         self._registry = registry
         self._hashers = hashers
+        self._token_cache = token_cache
         self._admission = admission
         self._orchestrator = orchestrator
         self._metrics = metrics
@@ -81,7 +85,8 @@ class RequestPipeline:
             and head_chars > 0 and prompt_chars(request) > 2 * head_chars
             and self._admission.could_refuse(request, pools, tokens_at_most(request))
         ):  # fmt: skip
-            head = measure_head(request, pools.first_hop, self._hashers, head_chars=head_chars)
+            head = measure_head(request, pools.first_hop, self._hashers,
+                                head_chars=head_chars, token_cache=self._token_cache)  # fmt: skip
             if head is not None:
                 self._admission.precheck_head(request, pools, head)
         blocks = await self._measure(request, pools)
@@ -101,10 +106,18 @@ class RequestPipeline:
         return await self._orchestrator.serve(request, pools, blocks, prefilled=lambda: None)
 
     async def _measure(self, request: PreparedRequest, pools: Pools) -> PromptBlocks:
+        def count(tokenized: Tokenized) -> None:
+            metrics, model = self._metrics, request.model
+            metrics.tokenize_cpu.labels(model).observe(tokenized.cpu_s)
+            metrics.prompt_chars.labels(model, "reused").inc(tokenized.reused_chars)
+            metrics.prompt_chars.labels(model, "tokenized").inc(
+                tokenized.chars - tokenized.reused_chars
+            )
+
         return await measure_prompt(
             request, pools.first_hop, self._hashers,
             offload_chars=self._settings.tokenize_offload_chars,
-            on_tokenized=self._metrics.tokenize_cpu.labels(request.model).observe,
+            token_cache=self._token_cache, on_tokenized=count,
         )  # fmt: skip
 
     def busy(self, request: PreparedRequest, shadow_version: str | None) -> bool:

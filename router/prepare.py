@@ -30,6 +30,7 @@ from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import WorkerState
 from router.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, validate
 from router.tenants import ANONYMOUS, PRIORITIES, Tenant, TenantPolicy
+from router.token_prefix_cache import TokenPrefixCache
 
 
 class Endpoint(enum.Enum):
@@ -162,10 +163,11 @@ _REST_TOKENS_SHARE = 0.8
 
 def measure_head(
     request: PreparedRequest, workers: Sequence[WorkerState], hashers: BlockHashers, *,
-    head_chars: int,
+    head_chars: int, token_cache: TokenPrefixCache | None = None,
 ) -> PromptHead | None:  # fmt: skip
     """The head of a prompt of over twice ``head_chars`` characters; None for a shorter
-    one, token ids, or a prompt ``measure_prompt`` will refuse."""
+    one, token ids, or a prompt ``measure_prompt`` will refuse. Through ``token_cache``,
+    the whole prompt's tokenizing that follows starts from the head."""
     registration = _tokenizing_registration(workers)
     if registration is None or head_chars <= 0:
         return None
@@ -180,7 +182,10 @@ def measure_head(
     if spec is None or cut <= 0:
         return None
     text, specials = spec
-    ids = tokenizer.encode(text[:cut], add_special_tokens=specials)
+    if token_cache is None:
+        ids = tokenizer.encode(text[:cut], add_special_tokens=specials)
+    else:
+        ids, _ = token_cache.encode(tokenizer, text[:cut], add_special_tokens=specials)
     block_size = int(registration.block_size or 1)
     whole = (len(ids) - _CUT_MARGIN_TOKENS) // block_size * block_size
     if whole <= 0:
@@ -196,10 +201,12 @@ async def measure_prompt(
     hashers: BlockHashers,
     *,
     offload_chars: int,
-    on_tokenized: Callable[[float], None] = lambda cpu_s: None,
+    token_cache: TokenPrefixCache | None = None,
+    on_tokenized: Callable[[Tokenized], None] = lambda tokenized: None,
 ) -> PromptBlocks:
-    """The prompt's hashed blocks, with the pool's tokenizer, block size and hash.
-    ``on_tokenized`` gets the CPU seconds the tokenizing took (its thread's own time)."""
+    """The prompt's hashed blocks, with the pool's tokenizer, block size and hash;
+    ``token_cache`` spares re-tokenizing a prefix seen lately. ``on_tokenized`` gets what
+    the tokenizing cost."""
     registration = _tokenizing_registration(workers)
     if registration is None:
         return PromptBlocks.unknown()
@@ -213,12 +220,12 @@ async def measure_prompt(
         if chars > offload_chars:
             # Long prompts tokenize in a thread (the Rust tokenizer drops the GIL),
             # so one huge prompt does not stall every stream on the event loop.
-            ids, cpu_s = await asyncio.to_thread(_token_ids, tokenizer, request)
+            ids, tokenized = await asyncio.to_thread(_token_ids, tokenizer, request, token_cache)
         else:
-            ids, cpu_s = _token_ids(tokenizer, request)
+            ids, tokenized = _token_ids(tokenizer, request, token_cache)
     except (PromptError, TypeError, AttributeError) as error:
         raise InvalidRequest(f"cannot tokenize the prompt: {error}") from None
-    on_tokenized(cpu_s)
+    on_tokenized(tokenized)
     if limit:
         check_prompt_tokens(len(ids), limit, param)
     return _hashed(hashers, registration, ids)
@@ -240,10 +247,26 @@ def _hashed(
     )  # fmt: skip
 
 
-def _token_ids(tokenizer: ModelTokenizer, request: PreparedRequest) -> tuple[list[int], float]:
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    cpu_s: float  # the tokenizing thread's own CPU time (chat template included)
+    chars: int  # of the text encoded (0 for token ids)
+    reused_chars: int  # of them, a cached prefix's: not tokenized again
+
+
+def _token_ids(
+    tokenizer: ModelTokenizer, request: PreparedRequest, cache: TokenPrefixCache | None
+) -> tuple[list[int], Tokenized]:
     started_s = time.thread_time()
-    ids = tokenizer.request_ids(request.body, chat=request.chat)
-    return ids, time.thread_time() - started_s
+    spec = tokenizer.request_text(request.body, chat=request.chat)
+    if spec is None:
+        ids, chars, reused = tokenizer.completion_ids(request.body.get("prompt")), 0, 0
+    elif cache is None:
+        ids, chars, reused = tokenizer.encode(spec[0], add_special_tokens=spec[1]), len(spec[0]), 0
+    else:
+        ids, reused = cache.encode(tokenizer, spec[0], add_special_tokens=spec[1])
+        chars = len(spec[0])
+    return ids, Tokenized(time.thread_time() - started_s, chars, reused)
 
 
 def tokens_at_most(request: PreparedRequest) -> int:

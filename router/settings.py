@@ -68,6 +68,21 @@ class ServerSettings(_Group):
         ge=0,
         description="Prompts longer than this are tokenized in a thread, off the event loop.",
     )
+    token_prefix_cache_tokens: int = Field(
+        1_000_000,
+        ge=0,
+        le=100_000_000,
+        description="Token ids of recent prompts' text prefixes the router keeps (4 bytes "
+        "each), so a prompt that starts with one (a long system prompt, the next turn of a "
+        "conversation) is tokenized only past it. 0: off.",
+    )
+    token_prefix_stride_chars: int = Field(
+        1024,
+        ge=64,
+        le=1_000_000,
+        description="The token prefix cache's granularity: a cached prefix ends near a "
+        "multiple of this many characters (so up to this many shared ones are re-tokenized).",
+    )
     early_bound_head_chars: int = Field(
         4096,
         ge=0,

@@ -179,6 +179,27 @@ def test_kv_transfers_and_pool_prefix_hits_are_counted_per_pool(cluster, client)
     assert total(samples, "pdserve_worker_engine_memory_bytes") > 0
 
 
+def test_a_conversations_next_turn_is_tokenized_only_past_the_turns_before(cluster, client):
+    """The router's token prefix cache, as shipped: the second turn reuses the first's
+    ids, counted in pdserve_prompt_chars_total. (That the ids are exactly the tokenizer's
+    is test_token_prefix_cache's.)"""
+    system = "You answer questions about serving systems in one short paragraph. " * 40
+    turns = [{"role": "system", "content": system}, {"role": "user", "content": "What is P/D?"}]
+
+    def chars(source: str) -> float:
+        return total(metrics(cluster), "pdserve_prompt_chars_total", source=source)
+
+    reused, tokenized = chars("reused"), chars("tokenized")
+    first = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=4)
+    turns += [{"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "And why split them?"}]  # fmt: skip
+    second = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=4)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    gained_reused, gained_tokenized = chars("reused") - reused, chars("tokenized") - tokenized
+    assert gained_reused >= len(system) - 1024  # the cache's stride: its last cut before
+    assert gained_tokenized < 2 * 1024 + len(system)  # the first turn whole, then the tail
+
+
 def exported_names(text: str) -> set[str]:
     names = set()
     for family in text_string_to_metric_families(text):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from contracts.workers import WorkerRegistration, WorkerRole
 from modelstore import tiny_llama
-from router.prepare import Endpoint, PreparedRequest, measure_head, measure_prompt
+from router.prepare import Endpoint, PreparedRequest, Tokenized, measure_head, measure_prompt
 from router.prompt_blocks import BlockHashers
 from router.registry import WorkerState
+from router.token_prefix_cache import TokenPrefixCache
 
 
 def prefill_worker() -> WorkerState:
@@ -34,15 +37,24 @@ def text(words: int, seed: int) -> str:
     return " ".join(rng.choice(vocabulary) for _ in range(words))
 
 
-def test_the_heads_blocks_are_the_whole_prompts_leading_blocks_and_the_rest_is_not_overrated():
+@pytest.mark.parametrize("cached", [False, True], ids=["tokenized", "token prefix cache"])
+def test_the_heads_blocks_are_the_whole_prompts_leading_blocks_and_the_rest_is_not_overrated(
+    cached,
+):
     worker, hashers = prefill_worker(), BlockHashers(memo_entries=10_000)
+    cache = TokenPrefixCache(max_tokens=100_000, stride_chars=256) if cached else None
     for chat in (False, True):
         prompt = text(3000, seed=7)
         body = ({"messages": [{"role": "user", "content": prompt}]} if chat
                 else {"prompt": prompt})  # fmt: skip
-        head = measure_head(request(body, chat=chat), [worker], hashers, head_chars=2048)
+        head = measure_head(request(body, chat=chat), [worker], hashers, head_chars=2048,
+                            token_cache=cache)  # fmt: skip
+        tokenized: list[Tokenized] = []
         whole = asyncio.run(measure_prompt(request(body, chat=chat), [worker], hashers,
-                                           offload_chars=10**9))  # fmt: skip
+                                           offload_chars=10**9, token_cache=cache,
+                                           on_tokenized=tokenized.append))  # fmt: skip
+        if cached:  # the whole prompt's tokenizing started from the head's
+            assert 2048 - 2 * 256 <= tokenized[0].reused_chars <= 2048
         assert head is not None
         head_hashes = head.blocks.all()
         assert len(head_hashes) >= 16  # ~2k characters of it, whole blocks only
