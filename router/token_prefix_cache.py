@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import threading
 from array import array
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
+
+from tokenizers import Encoding
 
 from contracts.tokenization import ModelTokenizer
 
@@ -88,7 +89,7 @@ class TokenPrefixCache:
         encoding = tokenizer.tokenizer.encode(text[reused:], add_special_tokens=specials)
         base = len(ids)
         ids.extend(encoding.ids)
-        self._store(cuts, reused, parent, ids, base, encoding.offsets)
+        self._store(cuts, reused, parent, ids, base, encoding)
         return ids, reused
 
     def _store(
@@ -98,24 +99,19 @@ class TokenPrefixCache:
         parent: bytes,
         ids: list[int],
         base: int,
-        offsets: list[tuple[int, int]],
+        encoding: Encoding,
     ) -> None:
-        """Entries for the cuts past ``reused``, while the new encoding has a token
-        boundary at each (its offsets are relative to ``reused``; its ids start at
-        ``base``)."""
-        ends = [end for _, end in offsets]
-        starts = [start for start, _ in offsets]
+        """Entries for the cuts past ``reused``, while the new encoding (of the text from
+        ``reused`` on; its ids from ``base`` on in ``ids``) has a token boundary at each."""
         added: list[tuple[bytes, _Entry]] = []
         previous = base
         for cut, key in cuts:
             if cut <= reused:
                 continue
-            at = cut - reused
-            # Token i starts the text after the cut: every earlier one ends by it.
-            i = bisect_right(ends, at)
-            if i >= len(starts) or starts[i] < at:
+            index = _token_starting_at(encoding, cut - reused)
+            if index is None:
                 break  # a token spans the cut: no boundary here, and the chain ends
-            index = base + i
+            index += base
             added.append((key, _Entry(parent, array("I", ids[previous:index]))))
             parent, previous = key, index
         if not added:
@@ -156,6 +152,20 @@ def _splits_cleanly(tokenizer: ModelTokenizer, add_special_tokens: bool) -> bool
         if head.ids + tail != whole.ids:
             return False
     return True
+
+
+def _token_starting_at(encoding: Encoding, at: int) -> int | None:
+    """The index of the token that starts at character ``at`` (the cut's space), every
+    earlier token ending by it; None if no token boundary is there. One token's offsets
+    at a time: materializing them all costs more than the rest of the bookkeeping."""
+    index = encoding.char_to_token(at)
+    if not index:  # None, or the first token: it spans the text before the cut too
+        return None
+    span = encoding.token_to_chars(index)
+    before = encoding.token_to_chars(index - 1)
+    if span is None or span[0] != at or (before is not None and before[1] > at):
+        return None
+    return index
 
 
 def _cut_points(text: str, stride_chars: int) -> Iterator[int]:
