@@ -21,7 +21,9 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    requests keep their promise. The grant carries the request's prefill deadline, which
    the scheduler's ``ttft_budget`` filter keeps to when it picks the worker. Neither
    refusal falls on a tenant within its weighted share of the queue's limit while
-   another tenant is over its own: that request waits in the queue, where it goes first;
+   another tenant is over its own: that request waits in the queue, where it goes first.
+   A prompt forecast over the SLO itself even on idle workers is served, late, unless
+   ``refuse_prompts_past_slo``: then a 413 (no wait would help it, so no 429);
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + target - its own
