@@ -90,6 +90,13 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ("Admission and errors", "Admission rejections by reason", "reqps",
      [(f"sum by (reason) (rate(pdserve_admission_rejections_total{M}[{RATE}]))", "{{reason}}"),
       (f"sum by (reason) (rate(pdserve_limit_rejections_total{M}[{RATE}]))", "{{reason}}")]),
+    ("Admission and errors", "TTFT forecast error p50 / p99 (|observed - predicted|)", "s",
+     quantiles("pdserve_ttft_prediction_error_seconds", "model")),
+    ("Admission and errors", "Prompt text taken from the router's token prefix cache",
+     "percentunit",
+     [(f'sum by (model) (rate(pdserve_prompt_chars_total{{model=~"$model", source="reused"}}'
+       f"[{RATE}])) / sum by (model) (rate(pdserve_prompt_chars_total{M}[{RATE}]))",
+       "{{model}}")]),
     ("Admission and errors", "Upstream failures and stream errors", "short",
      [(f"sum by (role, kind) (rate(pdserve_upstream_failures_total[{RATE}]))",
        "{{role}} {{kind}}"),
