@@ -248,10 +248,13 @@ def overload(name: str, requests: list[dict], profile: Path, work: Path,
     for side, env in (("on", on_settings(args)), ("off", OFF)):
         run = run_cluster(f"{name}-{side}", profile, work, env, schedule, args)
         out[side] = summary(run, args.slo_ms, burst_end_s=args.burst_s)
-        # (sent at s, TTFT ms, status, the router's forecast ms)
+        # (sent at s, TTFT ms, status, the router's forecast ms, a refusal's time at the
+        # client in ms, the prompt's characters): results are in schedule order.
         out[side]["ttft_series"] = [
             (round(r.started_s, 2), r.ttft_s and round(r.ttft_s * 1000), r.status,
-             r.predicted_ttft_s and round(r.predicted_ttft_s * 1000)) for r in run["results"]
+             r.predicted_ttft_s and round(r.predicted_ttft_s * 1000),
+             None if r.ok else round(r.e2e_s * 1000, 1), len(str(item.body.get("prompt", ""))))
+            for r, item in zip(run["results"], schedule, strict=True)
         ]  # fmt: skip
     return out
 
