@@ -101,7 +101,26 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
         # The router's own arrival-to-429 time, leaving out queue_deadline (it waits on
         # purpose): the share answered within 10 ms, from its histogram's buckets.
         "router_refusals_within_10ms": _refused_within(router, 0.01),
+        # What held the router's event loop: timer wake-ups late by over 10 / 50 ms, and
+        # garbage collections over 10 ms, of all (both counted over the whole run).
+        "router_loop_lag": {
+            "probes": total(router, "pdserve_event_loop_lag_seconds_count"),
+            **{
+                f"over_{ms}ms": _over(router, "pdserve_event_loop_lag_seconds", ms)
+                for ms in (10, 50)
+            },
+        },
+        "router_gc_pauses": {
+            "collections": total(router, "pdserve_gc_pause_seconds_count"),
+            "over_10ms": _over(router, "pdserve_gc_pause_seconds", 10),
+        },
     }
+
+
+def _over(router: list, histogram: str, ms: int) -> float:
+    return total(router, f"{histogram}_count") - total(
+        router, f"{histogram}_bucket", le=str(ms / 1000)
+    )
 
 
 def _refused_within(router: list, seconds: float) -> float | None:
@@ -177,6 +196,8 @@ def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
         "rejected_by_reason": run["rejected_by_reason"] if only is None
         else dict(Counter(_reason(r, crowding=True) for r in refused)),
         "router_refusals_within_10ms": run.get("router_refusals_within_10ms"),
+        "router_loop_lag": run.get("router_loop_lag"),
+        "router_gc_pauses": run.get("router_gc_pauses"),
         **forecast_summary(ok, slo_ms),
     }  # fmt: skip
     if burst_end_s is not None:

@@ -25,6 +25,7 @@ from router.fast_path import HotRoutes
 from router.fleet_accounting import FleetAccounting
 from router.health import probe_engines_forever
 from router.load import InFlightLoad
+from router.loop_health import measure_loop_lag_forever, watch_gc_pauses
 from router.metric_views import (
     SharedStateCollector,
     WorkerCollector,
@@ -356,9 +357,13 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     def judge_canaries() -> Awaitable[None]:
         return parts.rollout.judge_forever(settings.rollout.gate_check_interval_s)
 
+    def watch_loop() -> Awaitable[None]:
+        return measure_loop_lag_forever(parts.metrics.event_loop_lag)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
+        stop_watching_gc = watch_gc_pauses(parts.metrics.gc_pause)
         crashed = parts.metrics.background_restarts.labels
         tasks = [
             asyncio.create_task(keep_running(name, loop, on_crash=lambda n: crashed(n).inc()))
@@ -368,11 +373,13 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
                 ("state_sync", parts.sync.follow),
                 ("metrics_publish", publish_metrics),
                 ("rollout_gate", judge_canaries),
+                ("loop_lag", watch_loop),
             )
         ]
         try:
             yield
         finally:
+            stop_watching_gc()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -109,6 +109,7 @@ class RouterMetrics:
         self._declare_counters(r)
         self._declare_rollout(r)
         self._declare_admission(r)
+        self._declare_process_health(r)
         self._declare_fleet(r)
         self._declare_process_gauges(r)
         self._shared: list[Collector] = []  # views of state every process holds alike
@@ -328,6 +329,23 @@ class RouterMetrics:
             "Worker choices by pool, policy and reason (prefix_hit, bounded_load_spill, load, "
             "cold, round_robin, least_loaded)",
             ["model", "pool", "policy", "reason"],
+            registry=r,
+        )
+
+    def _declare_process_health(self, r: CollectorRegistry) -> None:
+        self.event_loop_lag = Histogram(
+            "pdserve_event_loop_lag_seconds",
+            "How late the router's event loop woke a timer (a probe every 0.1 s): time every "
+            "request waited behind whatever held the loop",
+            buckets=_FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "pdserve_gc_pause_seconds",
+            "Python garbage collections in the router process, by generation: the loop "
+            "stands still for each",
+            ["generation"],
+            buckets=_FAST_BUCKETS_S,
             registry=r,
         )
 

@@ -97,6 +97,11 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
      [(f'sum by (model) (rate(pdserve_prompt_chars_total{{model=~"$model", source="reused"}}'
        f"[{RATE}])) / sum by (model) (rate(pdserve_prompt_chars_total{M}[{RATE}]))",
        "{{model}}")]),
+    ("Admission and errors", "Router event loop lag and GC pauses, p99", "s",
+     [(f"histogram_quantile(0.99, sum by (le) (rate(pdserve_event_loop_lag_seconds_bucket"
+       f"[{RATE}])))", "loop lag p99"),
+      (f"histogram_quantile(0.99, sum by (le, generation) (rate(pdserve_gc_pause_seconds_bucket"
+       f"[{RATE}])))", "gc gen {{generation}} p99")]),
     ("Admission and errors", "Upstream failures and stream errors", "short",
      [(f"sum by (role, kind) (rate(pdserve_upstream_failures_total[{RATE}]))",
        "{{role}} {{kind}}"),
