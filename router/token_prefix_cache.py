@@ -57,7 +57,9 @@ class TokenPrefixCache:
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._held_tokens = 0
         self._lock = threading.Lock()
-        self._safe: dict[tuple[int, bool], bool] = {}  # (tokenizer id, specials) -> passed
+        # (tokenizer id, specials) -> the tokenizer, held so that its id is never reused,
+        # and whether it passed the self-test. One entry per model's tokenizer.
+        self._safe: dict[tuple[int, bool], tuple[ModelTokenizer, bool]] = {}
 
     def __repr__(self) -> str:
         return f"TokenPrefixCache(entries={len(self._entries)}, tokens={self._held_tokens})"
@@ -129,10 +131,10 @@ class TokenPrefixCache:
     def _passes_self_test(self, tokenizer: ModelTokenizer, add_special_tokens: bool) -> bool:
         """Whether splitting at each cut of a sample text gives the whole text's ids."""
         key = (id(tokenizer), add_special_tokens)
-        passed = self._safe.get(key)
-        if passed is None:
-            passed = self._safe[key] = _splits_cleanly(tokenizer, add_special_tokens)
-        return passed
+        known = self._safe.get(key)
+        if known is None:
+            known = self._safe[key] = (tokenizer, _splits_cleanly(tokenizer, add_special_tokens))
+        return known[1]
 
 
 def _splits_cleanly(tokenizer: ModelTokenizer, add_special_tokens: bool) -> bool:
