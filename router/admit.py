@@ -141,7 +141,6 @@ class Admission:
         first block); on one that holds the whole head, nothing more is known. Refuse at
         once if even that makes it late."""
         block_size = head.blocks.block_size
-
         lacking = {
             worker_id: n + head.rest_tokens if n >= block_size else 1
             for worker_id, n in self._scheduler.uncached_tokens(

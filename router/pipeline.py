@@ -109,7 +109,8 @@ class RequestPipeline:
         def count(tokenized: Tokenized) -> None:
             metrics, model = self._metrics, request.model
             metrics.tokenize_cpu.labels(model).observe(tokenized.cpu_s)
-            metrics.prompt_chars.labels(model, "reused").inc(tokenized.reused_chars)
+            if tokenized.reused_chars:  # short prompts never reuse: spare them the lookup
+                metrics.prompt_chars.labels(model, "reused").inc(tokenized.reused_chars)
             metrics.prompt_chars.labels(model, "tokenized").inc(
                 tokenized.chars - tokenized.reused_chars
             )
