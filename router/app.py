@@ -20,6 +20,7 @@ from router.access import body_components, guarded, openapi_extra
 from router.admit import Admission
 from router.api import ROUTES
 from router.background import keep_running
+from router.engine_errors import EngineHTTPError, EngineUnreachable
 from router.errors import APIError
 from router.fast_path import HotRoutes
 from router.fleet_accounting import FleetAccounting
@@ -55,7 +56,7 @@ from router.state_sync import StateSync
 from router.tenants import Tenants
 from router.token_prefix_cache import TokenPrefixCache
 from router.ttft_predictor import TTFTPredictor
-from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+from router.upstream import Upstream
 from router.windows import SlidingSums
 
 log = logging.getLogger("pdserve.router")

@@ -28,22 +28,24 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
+from router.engine_errors import EngineHTTPError, EngineUnreachable
 from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
 from router.load import InFlight, InFlightLoad, Ticket
 from router.metrics import RouterMetrics
 from router.prepare import PreparedRequest
 from router.prompt_blocks import PromptBlocks
 from router.registry import Pools, WorkerRegistry, WorkerState
-from router.relay import SSE_HEADERS, StreamStats, relay_sse
+from router.relay import SSE_HEADERS, SSERelay, StreamStats
 from router.schedule import Scheduler
 from router.scheduling_plugins import Decision
 from router.settings import RouterSettings
+from router.sse_passthrough import EngineSSEResponse
 from router.ttft_predictor import TTFTPredictor
-from router.upstream import EngineHTTPError, EngineUnreachable, Upstream
+from router.upstream import Upstream
 from router.usage import usage_in_answer, with_usage_requested
 
 log = logging.getLogger("pdserve.router")
@@ -354,7 +356,7 @@ class Orchestrator:
         first_byte: Callable[[float], None],
         *,
         strip_usage: bool,
-    ) -> StreamingResponse:
+    ) -> EngineSSEResponse:
         first_byte_timeout_s = self._timeouts.first_token_timeout_s
         if handoff is not None and self._leases.kv_lease_guard:
             # A decode that has not produced its first token when the producer's lease
@@ -362,7 +364,7 @@ class Orchestrator:
             # invalid KV blocks"): fail it rather than relay output from garbage KV.
             lease_left_s = self._leases.kv_lease_s - (self._clock() - handoff.issued_at_s)
             first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
-        response, first = await self._upstream.open_stream(
+        connection, first = await self._upstream.streams.open(
             worker.engine_url + request.path,
             body,
             first_byte_timeout_s=first_byte_timeout_s,
@@ -377,13 +379,12 @@ class Orchestrator:
             if stats.failure:
                 self._worker_failed(worker, "stream_broken")
 
-        stream = relay_sse(
-            response, first, stats=StreamStats(started_s=request.arrived_s),
-            on_gap=metrics.itl_observer(model, request.stage), on_end=on_end, clock=self._clock,
-            strip_usage=strip_usage,
+        relay = SSERelay(
+            StreamStats(started_s=request.arrived_s), clock=self._clock,
+            on_gap=metrics.itl_observer(model, request.stage), strip_usage=strip_usage,
         )  # fmt: skip
         headers = {**SSE_HEADERS, **_admission_headers(request)}
-        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        return EngineSSEResponse(connection, first, relay, on_end=on_end, headers=headers)
 
     def _streamed(self, request: PreparedRequest, mode: str, stats: StreamStats) -> None:
         """A stream ended: its latencies, and its tokens when the engine reported usage."""

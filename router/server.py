@@ -16,11 +16,11 @@ import shutil
 import tempfile
 
 import uvicorn
-from fastapi import FastAPI
 
 from contracts.logs import configure_logging
 from router.app import create_app
 from router.settings import RouterSettings, settings_table
+from router.sse_passthrough import ClientSockets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         proxy_headers=False,
     )  # fmt: skip
     if server.router_processes == 1:
-        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
+        uvicorn.run(ClientSockets(create_app(settings)), **options)  # type: ignore[arg-type]
         return 0
     if not settings.control.state_url:
         raise SystemExit(
@@ -65,10 +65,10 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def app_from_env() -> FastAPI:
+def app_from_env() -> ClientSockets:
     """One router process of several (uvicorn's factory): settings from the environment."""
     configure_logging("router")
-    return create_app(RouterSettings.from_env())
+    return ClientSockets(create_app(RouterSettings.from_env()))
 
 
 def _empty_metrics_dir() -> str:

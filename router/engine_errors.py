@@ -1,0 +1,18 @@
+"""How a call to a worker engine failed, for the orchestrator to decide what to do.
+
+``EngineUnreachable`` means the worker may be dead (retry elsewhere, mark it unhealthy);
+``EngineHTTPError`` means the engine answered and refused.
+"""
+
+from __future__ import annotations
+
+
+class EngineUnreachable(Exception):
+    """Connect failure, reset or timeout before a complete answer."""
+
+
+class EngineHTTPError(Exception):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"engine answered {status}")
+        self.status = status
+        self.body = body

@@ -1,0 +1,272 @@
+"""The streamed relay between a real engine-like HTTP server and a real uvicorn front door.
+
+The engine is an aiohttp.web server that streams SSE the way vLLM does (chunked, one
+write per event, ``data: [DONE]`` last) and records what it saw: connections, aborts.
+The front door is uvicorn (httptools) serving ``EngineSSEResponse`` behind
+``ClientSockets``, as ``pdserve router`` does. A real aiohttp client reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+import uvicorn
+from aiohttp import web
+
+from localrun.ports import free_ports
+from router.engine_errors import EngineHTTPError, EngineUnreachable
+from router.engine_stream import EngineStreams
+from router.relay import SSERelay, StreamStats
+from router.sse_passthrough import ClientSockets, EngineSSEResponse
+from tests.conditions import until
+
+
+def event(i: int) -> bytes:
+    return b'data: {"choices":[{"index":0,"text":" t%d"}]}\n\n' % i
+
+
+class Engine:
+    """An SSE engine on a free port, with a record of its connections and aborts."""
+
+    def __init__(self) -> None:
+        self.peers: list[tuple[str, int]] = []
+        self.aborted = asyncio.Event()
+        self.finished = 0
+        self.drop_reused = False
+        self.written = 0  # events written by the engine so far
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername")
+        if self.drop_reused and peer in self.peers:
+            request.transport.close()  # a keep-alive connection the engine gave up on
+            raise asyncio.CancelledError
+        self.peers.append(peer)
+        await request.read()
+        q = request.query
+        n, gap_s = int(q.get("n", "5")), float(q.get("gap_ms", "0")) / 1000
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            pad = b" " * int(q.get("pad", "0"))
+            for i in range(n):
+                data = event(i)[:-2] + pad + b"\n\n" if pad else event(i)
+                if q.get("split"):  # an event across two writes (and two TCP segments)
+                    await response.write(data[:7])
+                    await asyncio.sleep(0.005)
+                    data = data[7:]
+                await response.write(data)
+                self.written += 1
+                if gap_s:
+                    await asyncio.sleep(gap_s)
+            if q.get("hang"):
+                await asyncio.sleep(3600)
+            if not q.get("truncate"):
+                await response.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.aborted.set()
+            raise
+        await response.write_eof()
+        self.finished += 1
+        return response
+
+    async def refuse(self, request: web.Request) -> web.Response:
+        self.peers.append(request.transport.get_extra_info("peername"))
+        return web.json_response({"error": {"message": "no"}}, status=400)
+
+
+@dataclass
+class Setup:
+    engine: Engine
+    engine_url: str
+    url: str  # the front door's streamed route
+    streams: EngineStreams
+    responses: list[EngineSSEResponse] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def engine_and_router(
+    idle_timeout_s: float = 5.0, wrap: Callable[[EngineSSEResponse], None] | None = None
+) -> AsyncIterator[Setup]:
+    engine = Engine()
+    app = web.Application()
+    app.router.add_post("/v1/completions", engine.stream)
+    app.router.add_post("/refuse", engine.refuse)
+    engine_port, router_port = free_ports(2)
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)  # as vLLM aborts
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", engine_port).start()
+    streams = EngineStreams(pool_size=8, connect_timeout_s=2.0, keepalive_s=30.0)
+    setup = Setup(
+        engine, f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{router_port}/", streams
+    )
+
+    async def front(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        url = f"{setup.engine_url}/v1/completions?{scope['query_string'].decode()}"
+        connection, first = await streams.open(
+            url, b"{}", first_byte_timeout_s=2.0, idle_timeout_s=idle_timeout_s
+        )
+        relay = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
+        response = EngineSSEResponse(connection, first, relay, on_end=lambda _: None, headers={})
+        if wrap is not None:
+            wrap(response)
+        setup.responses.append(response)
+        await response(scope, receive, send)
+
+    config = uvicorn.Config(
+        ClientSockets(front), host="127.0.0.1", port=router_port, http="httptools",
+        lifespan="off", log_level="warning",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    await until(lambda: server.started, 10, "the front door to start")
+    try:
+        yield setup
+    finally:
+        server.should_exit = True
+        await serving
+        streams.close()
+        await runner.cleanup()
+
+
+async def read_chunks(url: str) -> list[bytes]:
+    """The HTTP chunks of a streamed answer, as the client received them."""
+    chunks, piece = [], b""
+    async with aiohttp.ClientSession() as client, client.post(url, data=b"{}") as answer:
+        assert answer.status == 200
+        async for data, end_of_chunk in answer.content.iter_chunks():
+            piece += data
+            if end_of_chunk:
+                chunks.append(piece)
+                piece = b""
+    return chunks
+
+
+async def test_events_go_straight_to_the_client_and_the_connection_is_kept():
+    async with engine_and_router() as setup:
+        chunks = await read_chunks(setup.url + "?n=20")
+        assert b"".join(chunks) == b"".join(event(i) for i in range(20)) + b"data: [DONE]\n\n"
+        (response,) = setup.responses
+        assert response.passed_through
+        stats = response.stats
+        assert stats.completed and stats.events == 21 and stats.failure is None
+        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+        await read_chunks(setup.url + "?n=3")
+        peers = setup.engine.peers
+        assert len(peers) == 2 and peers[0] == peers[1]  # the same keep-alive connection
+
+
+async def test_an_event_split_across_reads_reaches_the_client_whole():
+    async with engine_and_router() as setup:
+        chunks = await read_chunks(setup.url + "?n=6&split=1")
+        assert setup.responses[0].passed_through
+        assert all(chunk.endswith(b"\n\n") for chunk in chunks), chunks
+        assert b"".join(chunks).count(b"data: ") == 7
+
+
+async def test_a_stream_cut_before_done_ends_in_an_error_event_and_is_not_pooled():
+    async with engine_and_router() as setup:
+        body = b"".join(await read_chunks(setup.url + "?n=3&truncate=1"))
+        assert body.startswith(event(0) + event(1) + event(2))
+        error = json.loads(body.split(b"event: error\ndata: ")[1])
+        assert error["error"]["code"] == "stream_truncated"
+        assert setup.responses[0].stats.failure is not None
+        await until(lambda: setup.streams.open_connections == 0, 5, "the connection closed")
+
+
+async def test_a_silent_engine_is_failed_after_the_idle_timeout_and_aborted():
+    async with engine_and_router(idle_timeout_s=0.3) as setup:
+        body = b"".join(await read_chunks(setup.url + "?n=2&hang=1"))
+        error = json.loads(body.split(b"event: error\ndata: ")[1])
+        assert error["error"]["code"] == "stream_idle_timeout"
+        await asyncio.wait_for(setup.engine.aborted.wait(), 5)
+
+
+async def test_a_client_that_leaves_mid_stream_aborts_the_engine_request():
+    async with engine_and_router() as setup:
+        async with aiohttp.ClientSession() as client:
+            answer = await client.post(setup.url + "?n=1000&gap_ms=10", data=b"{}")
+            await answer.content.readuntil(b"\n\n")
+            answer.close()
+        await asyncio.wait_for(setup.engine.aborted.wait(), 5)
+        await until(lambda: setup.streams.open_connections == 0, 5, "the connection closed")
+        assert setup.engine.finished == 0
+
+
+async def test_a_wrapper_that_reads_the_events_gets_them_all():
+    def wrap(response: EngineSSEResponse) -> None:
+        async def passed_on(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            async for piece in events:
+                yield piece
+
+        response.body_iterator = passed_on(response.body_iterator)
+
+    async with engine_and_router(wrap=wrap) as setup:
+        body = b"".join(await read_chunks(setup.url + "?n=10&split=1"))
+        assert body.count(b"data: ") == 11 and body.endswith(b"data: [DONE]\n\n")
+        assert not setup.responses[0].passed_through
+        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+
+
+async def test_a_refusal_is_an_http_error_with_the_engines_body_and_the_connection_kept():
+    async with engine_and_router() as setup:
+        with pytest.raises(EngineHTTPError) as refused:
+            await setup.streams.open(setup.engine_url + "/refuse", b"{}",
+                                     first_byte_timeout_s=2, idle_timeout_s=2)  # fmt: skip
+        assert refused.value.status == 400 and b"no" in refused.value.body
+        assert setup.streams.idle_connections == 1
+
+
+async def test_a_reused_connection_the_engine_dropped_is_retried_once_on_a_new_one():
+    async with engine_and_router() as setup:
+        await read_chunks(setup.url + "?n=2")
+        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+        setup.engine.drop_reused = True
+        body = b"".join(await read_chunks(setup.url + "?n=2"))
+        assert body.endswith(b"data: [DONE]\n\n")
+        peers = setup.engine.peers
+        assert len(peers) == 2 and peers[0] != peers[1]
+
+
+async def test_an_engine_that_is_not_listening_is_unreachable():
+    (port,) = free_ports(1)
+    streams = EngineStreams(pool_size=2, connect_timeout_s=1.0, keepalive_s=30.0)
+    with pytest.raises(EngineUnreachable):
+        await streams.open(f"http://127.0.0.1:{port}/v1/completions", b"{}",
+                           first_byte_timeout_s=1, idle_timeout_s=1)  # fmt: skip
+    assert streams.open_connections == 0
+
+
+async def test_a_client_that_stops_reading_holds_the_engine_back():
+    """64 MB of events against a client that reads one, then stops: the engine must get
+    stuck far short of the end (TCP backpressure through the router), and the client must
+    still get every event, whole, once it reads on."""
+    n, pad = 32_000, 2_000
+    async with engine_and_router() as setup:
+        async with aiohttp.ClientSession() as client:
+            answer = await client.post(setup.url + f"?n={n}&pad={pad}", data=b"{}")
+            await answer.content.readuntil(b"\n\n")
+            engine = setup.engine
+            seen = {"count": -1, "since": asyncio.get_running_loop().time()}
+
+            def engine_stalled() -> bool:
+                now = asyncio.get_running_loop().time()
+                if engine.written != seen["count"]:
+                    seen.update(count=engine.written, since=now)
+                return now - seen["since"] > 0.5
+
+            await until(engine_stalled, 20, "the engine to stop making progress")
+            assert engine.written < n // 2, engine.written
+            rest = await answer.read()
+        assert rest.count(b"data: ") == n  # the other n - 1 events and [DONE]
+        assert rest.endswith(b"data: [DONE]\n\n")
+        assert setup.responses[0].passed_through
