@@ -131,6 +131,19 @@ def cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
+def system_cpu_s(pid: int) -> float:
+    """The kernel's share (syscalls; on loopback a send also runs the receiver's TCP path)."""
+    return psutil.Process(pid).cpu_times().system
+
+
+def idle_cpu_ms_per_s(pid: int, seconds: float = 5.0) -> float:
+    """A door's CPU with no request in flight (the router's probes, heartbeats, metrics):
+    what a long measurement charges per second whatever the requests cost."""
+    before = cpu_s(pid)
+    time.sleep(seconds)  # the point is to measure an idle interval
+    return round(1000 * (cpu_s(pid) - before) / seconds, 3)
+
+
 def measure(url: str, pid: int, payloads: list[bytes], concurrency: int, *,
             tokenize_metric_url: str | None = None) -> dict:  # fmt: skip
     """``tokenize_metric_url``: the router's /metrics, for the CPU its own tokenizing took
@@ -139,13 +152,15 @@ def measure(url: str, pid: int, payloads: list[bytes], concurrency: int, *,
     # a prior and learns from the prefills it admits).
     asyncio.run(load(url, payloads[:WARM], concurrency))
     tokenized_before = _tokenize_cpu_s(tokenize_metric_url)
-    started_cpu, started = cpu_s(pid), time.monotonic()
+    started_cpu, started_system, started = cpu_s(pid), system_cpu_s(pid), time.monotonic()
     failures = asyncio.run(load(url, payloads[WARM:], concurrency))
     requests = len(payloads) - WARM
     cpu = cpu_s(pid) - started_cpu
+    system = system_cpu_s(pid) - started_system
     result = {"requests": requests, "failures": failures, "cpu_s": round(cpu, 4),
               "wall_s": round(time.monotonic() - started, 3),
-              "cpu_ms_per_request": round(1000 * cpu / requests, 4)}  # fmt: skip
+              "cpu_ms_per_request": round(1000 * cpu / requests, 4),
+              "system_cpu_ms_per_request": round(1000 * system / requests, 4)}  # fmt: skip
     if tokenize_metric_url is not None:
         tokenized_s = _tokenize_cpu_s(tokenize_metric_url) - tokenized_before
         result["tokenize_cpu_ms_per_request"] = round(1000 * tokenized_s / requests, 4)
@@ -251,6 +266,8 @@ def run(args: argparse.Namespace) -> dict:
             proxies.append(process)
             targets["router_ref"] = (url, process.pid)
         names = tuple(targets)
+        idle = {door: idle_cpu_ms_per_s(pid) for door, (_, pid) in targets.items()}
+        print(f"idle CPU ms per second: {idle}", flush=True)
         results: dict[str, dict[str, list[dict]]] = {d: {} for d in names}
         partial = args.out.with_suffix(".partial.json")
         partial.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +297,7 @@ def run(args: argparse.Namespace) -> dict:
         for s in scenarios(args.only)
         if s.prompt_tokens > 1
     }
-    return summarize(results, tokenize, args)
+    return summarize(results, tokenize, args, idle)
 
 
 def scenarios(only: str | None) -> tuple[Scenario, ...]:
@@ -295,9 +312,15 @@ def scenarios(only: str | None) -> tuple[Scenario, ...]:
     return tuple(s for s in SCENARIOS if s.name in names)
 
 
-def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
-    median = {
-        door: {name: statistics.median(r["cpu_ms_per_request"] for r in runs)
+def summarize(
+    results: dict, tokenize: dict, args: argparse.Namespace, idle: dict[str, float]
+) -> dict:
+    median = _medians(results, "cpu_ms_per_request")
+    # Net of each door's idle CPU over the measurement's wall time: what the requests cost.
+    net = {
+        door: {name: statistics.median(
+                   r["cpu_ms_per_request"] - idle[door] * r["wall_s"] / r["requests"]
+                   for r in runs)
                for name, runs in per_door.items()}
         for door, per_door in results.items()
     }  # fmt: skip
@@ -306,6 +329,10 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         name: {door: round((m[name] - m["short_stream"]) / 511, 5) for door, m in median.items()}
         for name in (s.name for s in SCENARIOS if s.max_tokens == 512)
         if "short_stream" in median["router"] and name in median["router"]
+    }
+    per_token_net = {
+        name: {door: round((m[name] - m["short_stream"]) / 511, 5) for door, m in net.items()}
+        for name in per_token
     }
     router = median["router"]
     own_tokenize = {
@@ -326,6 +353,9 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         "scenarios": [asdict(s) for s in scenarios(args.only)],
         "cpu_ms_per_request_median": median,
         "cpu_ms_per_output_token": per_token,
+        "idle_cpu_ms_per_s": idle,
+        "cpu_ms_per_output_token_net_of_idle": per_token_net,
+        "system_cpu_ms_per_request_median": _medians(results, "system_cpu_ms_per_request"),
         "tokenization_alone_ms": tokenize,
         "router_over_aiohttp": {n: round(router[n] / median["aiohttp"][n], 2) for n in router},
         "router_over_router_ref": {n: round(router[n] / median["router_ref"][n], 2) for n in router}
@@ -350,6 +380,14 @@ def summarize(results: dict, tokenize: dict, args: argparse.Namespace) -> dict:
         },
         "runs": results,
     }
+
+
+def _medians(results: dict, key: str) -> dict[str, dict[str, float]]:
+    return {
+        door: {name: statistics.median(r.get(key, 0.0) for r in runs)
+               for name, runs in per_door.items()}
+        for door, per_door in results.items()
+    }  # fmt: skip
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -400,6 +438,8 @@ def main() -> None:
                 for k in (
                     "cpu_ms_per_request_median",
                     "cpu_ms_per_output_token",
+                    "cpu_ms_per_output_token_net_of_idle",
+                    "system_cpu_ms_per_request_median",
                     "tokenization_alone_ms",
                     "router_over_aiohttp",
                     "not_200",

@@ -122,7 +122,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         clock=clock,
     )  # fmt: skip
     orchestrator = Orchestrator(
-        settings=settings, registry=registry, upstream=upstream, metrics=metrics,
+        settings=settings, registry=registry, engines=upstream.engines, metrics=metrics,
         scheduler=scheduler, load=load, predictor=predictor, clock=clock,
     )  # fmt: skip
     state = _state(settings)

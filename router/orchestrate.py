@@ -32,6 +32,7 @@ from fastapi.responses import Response
 
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
+from router.engine_client import EngineClient
 from router.engine_errors import EngineHTTPError, EngineUnreachable
 from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
 from router.load import InFlight, InFlightLoad, Ticket
@@ -45,7 +46,6 @@ from router.scheduling_plugins import Decision
 from router.settings import RouterSettings
 from router.sse_passthrough import EngineSSEResponse
 from router.ttft_predictor import TTFTPredictor
-from router.upstream import Upstream
 from router.usage import usage_in_answer, with_usage_requested
 
 log = logging.getLogger("pdserve.router")
@@ -71,7 +71,7 @@ class Orchestrator:
         *,
         settings: RouterSettings,
         registry: WorkerRegistry,
-        upstream: Upstream,
+        engines: EngineClient,
         metrics: RouterMetrics,
         scheduler: Scheduler,
         load: InFlightLoad,
@@ -82,7 +82,7 @@ class Orchestrator:
         self._leases = settings.leases
         self._retry_after_s = settings.server.retry_after_s
         self._registry = registry
-        self._upstream = upstream
+        self._engines = engines
         self._metrics = metrics
         self._scheduler = scheduler
         self._load = load
@@ -178,7 +178,7 @@ class Orchestrator:
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
                                       deadline_s=request.prefill_deadline_s):  # fmt: skip
-                    payload = await self._upstream.post_json(
+                    payload = await self._engines.post_json(
                         worker.engine_url + request.path, body,
                         timeout_s=self._timeouts.prefill_timeout_s,
                     )  # fmt: skip
@@ -326,7 +326,7 @@ class Orchestrator:
         self, request: PreparedRequest, worker: WorkerState, body: bytes, mode: str
     ) -> Response:
         called_s = self._clock()
-        payload = await self._upstream.post_json(
+        payload = await self._engines.post_json(
             worker.engine_url + request.path, body,
             timeout_s=self._timeouts.first_token_timeout_s,
         )  # fmt: skip
@@ -364,7 +364,7 @@ class Orchestrator:
             # invalid KV blocks"): fail it rather than relay output from garbage KV.
             lease_left_s = self._leases.kv_lease_s - (self._clock() - handoff.issued_at_s)
             first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
-        connection, first = await self._upstream.streams.open(
+        connection, first = await self._engines.open_stream(
             worker.engine_url + request.path,
             body,
             first_byte_timeout_s=first_byte_timeout_s,

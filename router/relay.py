@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from router.engine_stream import EngineConnection, StreamIdle
+from router.engine_client import EngineConnection, StreamIdle
 from router.errors import APIError, UpstreamFailed, UpstreamTimeout, sse_error_event
 from router.usage import Usage, usage_in_events
 

@@ -3,7 +3,7 @@
 The response start goes through the ASGI chain as usual (middleware adds its headers).
 Then, on uvicorn's httptools server with chunked encoding, each run of whole events is
 written to the client's transport from the engine connection's callback
-(``engine_stream.py``): no task switch and no ASGI message per event. The closing chunk
+(``engine_client.py``): no task switch and no ASGI message per event. The closing chunk
 goes through ASGI again, so uvicorn ends the response as it would have. Anywhere else
 (another server, a response whose events a wrapper reads: fan-out, safety screen), the
 same ``SSERelay`` runs as an async iterator.
@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from router.engine_stream import EngineConnection
+from router.engine_client import EngineConnection
 from router.relay import SSERelay, StreamStats, relay_sse
 from router.request_ids import ASGIApp, Receive, Scope, Send
 

@@ -1,7 +1,6 @@
-"""The router's pooled HTTP client for calls to worker engines whose answer is read whole.
-
-aiohttp, not httpx: it measured 4-6x cheaper per request here. Streamed answers go
-through ``engine_stream.py`` instead.
+"""The router's pooled HTTP clients: ``engines`` (``engine_client.py``) for the calls on
+the request path, and an aiohttp session for the rest (health probes, safety hooks, which
+may be https). aiohttp, not httpx: it measured 4-6x cheaper per request here.
 
 Pooled keep-alive connections go stale when the engine closes them first (vLLM's
 uvicorn closes idle ones after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``). A request that
@@ -19,8 +18,8 @@ import asyncio
 import aiohttp
 
 from contracts.logs import REQUEST_ID_HEADER, request_id_var
+from router.engine_client import EngineClient
 from router.engine_errors import EngineHTTPError, EngineUnreachable
-from router.engine_stream import EngineStreams
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 _ID = REQUEST_ID_HEADER  # vLLM names its request after it (cmpl-<id>), on both engines
@@ -39,7 +38,7 @@ class Upstream:
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
-        self.streams = EngineStreams(
+        self.engines = EngineClient(
             pool_size=pool_size, connect_timeout_s=connect_timeout_s, keepalive_s=keepalive_s
         )
 
@@ -55,7 +54,7 @@ class Upstream:
         )
 
     async def close(self) -> None:
-        self.streams.close()
+        self.engines.close()
         if self._session is not None:
             await self._session.close()
 

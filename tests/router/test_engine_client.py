@@ -1,4 +1,5 @@
-"""The streamed relay between a real engine-like HTTP server and a real uvicorn front door.
+"""The router's engine client and its streamed relay, between a real engine-like HTTP
+server and a real uvicorn front door.
 
 The engine is an aiohttp.web server that streams SSE the way vLLM does (chunked, one
 write per event, ``data: [DONE]`` last) and records what it saw: connections, aborts.
@@ -20,8 +21,8 @@ import uvicorn
 from aiohttp import web
 
 from localrun.ports import free_ports
+from router.engine_client import EngineClient
 from router.engine_errors import EngineHTTPError, EngineUnreachable
-from router.engine_stream import EngineStreams
 from router.relay import SSERelay, StreamStats
 from router.sse_passthrough import ClientSockets, EngineSSEResponse
 from tests.conditions import until
@@ -75,6 +76,12 @@ class Engine:
         self.finished += 1
         return response
 
+    async def whole(self, request: web.Request) -> web.Response:
+        self.peers.append(request.transport.get_extra_info("peername"))
+        await asyncio.sleep(float(request.query.get("delay_s", "0")))
+        size = int(request.query.get("size", "10"))
+        return web.json_response({"text": "x" * size})
+
     async def refuse(self, request: web.Request) -> web.Response:
         self.peers.append(request.transport.get_extra_info("peername"))
         return web.json_response({"error": {"message": "no"}}, status=400)
@@ -85,7 +92,7 @@ class Setup:
     engine: Engine
     engine_url: str
     url: str  # the front door's streamed route
-    streams: EngineStreams
+    engines: EngineClient
     responses: list[EngineSSEResponse] = field(default_factory=list)
 
 
@@ -97,13 +104,14 @@ async def engine_and_router(
     app = web.Application()
     app.router.add_post("/v1/completions", engine.stream)
     app.router.add_post("/refuse", engine.refuse)
+    app.router.add_post("/whole", engine.whole)
     engine_port, router_port = free_ports(2)
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)  # as vLLM aborts
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", engine_port).start()
-    streams = EngineStreams(pool_size=8, connect_timeout_s=2.0, keepalive_s=30.0)
+    engines = EngineClient(pool_size=8, connect_timeout_s=2.0, keepalive_s=30.0)
     setup = Setup(
-        engine, f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{router_port}/", streams
+        engine, f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{router_port}/", engines
     )
 
     async def front(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -112,7 +120,7 @@ async def engine_and_router(
         while (await receive()).get("more_body"):
             pass
         url = f"{setup.engine_url}/v1/completions?{scope['query_string'].decode()}"
-        connection, first = await streams.open(
+        connection, first = await engines.open_stream(
             url, b"{}", first_byte_timeout_s=2.0, idle_timeout_s=idle_timeout_s
         )
         relay = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
@@ -134,7 +142,7 @@ async def engine_and_router(
     finally:
         server.should_exit = True
         await serving
-        streams.close()
+        engines.close()
         await runner.cleanup()
 
 
@@ -159,7 +167,7 @@ async def test_events_go_straight_to_the_client_and_the_connection_is_kept():
         assert response.passed_through
         stats = response.stats
         assert stats.completed and stats.events == 21 and stats.failure is None
-        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+        await until(lambda: setup.engines.idle_connections == 1, 5, "a pooled connection")
         await read_chunks(setup.url + "?n=3")
         peers = setup.engine.peers
         assert len(peers) == 2 and peers[0] == peers[1]  # the same keep-alive connection
@@ -180,7 +188,7 @@ async def test_a_stream_cut_before_done_ends_in_an_error_event_and_is_not_pooled
         error = json.loads(body.split(b"event: error\ndata: ")[1])
         assert error["error"]["code"] == "stream_truncated"
         assert setup.responses[0].stats.failure is not None
-        await until(lambda: setup.streams.open_connections == 0, 5, "the connection closed")
+        await until(lambda: setup.engines.open_connections == 0, 5, "the connection closed")
 
 
 async def test_a_silent_engine_is_failed_after_the_idle_timeout_and_aborted():
@@ -198,7 +206,7 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_engine_request():
             await answer.content.readuntil(b"\n\n")
             answer.close()
         await asyncio.wait_for(setup.engine.aborted.wait(), 5)
-        await until(lambda: setup.streams.open_connections == 0, 5, "the connection closed")
+        await until(lambda: setup.engines.open_connections == 0, 5, "the connection closed")
         assert setup.engine.finished == 0
 
 
@@ -214,22 +222,22 @@ async def test_a_wrapper_that_reads_the_events_gets_them_all():
         body = b"".join(await read_chunks(setup.url + "?n=10&split=1"))
         assert body.count(b"data: ") == 11 and body.endswith(b"data: [DONE]\n\n")
         assert not setup.responses[0].passed_through
-        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+        await until(lambda: setup.engines.idle_connections == 1, 5, "a pooled connection")
 
 
 async def test_a_refusal_is_an_http_error_with_the_engines_body_and_the_connection_kept():
     async with engine_and_router() as setup:
         with pytest.raises(EngineHTTPError) as refused:
-            await setup.streams.open(setup.engine_url + "/refuse", b"{}",
+            await setup.engines.open_stream(setup.engine_url + "/refuse", b"{}",
                                      first_byte_timeout_s=2, idle_timeout_s=2)  # fmt: skip
         assert refused.value.status == 400 and b"no" in refused.value.body
-        assert setup.streams.idle_connections == 1
+        assert setup.engines.idle_connections == 1
 
 
 async def test_a_reused_connection_the_engine_dropped_is_retried_once_on_a_new_one():
     async with engine_and_router() as setup:
         await read_chunks(setup.url + "?n=2")
-        await until(lambda: setup.streams.idle_connections == 1, 5, "a pooled connection")
+        await until(lambda: setup.engines.idle_connections == 1, 5, "a pooled connection")
         setup.engine.drop_reused = True
         body = b"".join(await read_chunks(setup.url + "?n=2"))
         assert body.endswith(b"data: [DONE]\n\n")
@@ -239,11 +247,11 @@ async def test_a_reused_connection_the_engine_dropped_is_retried_once_on_a_new_o
 
 async def test_an_engine_that_is_not_listening_is_unreachable():
     (port,) = free_ports(1)
-    streams = EngineStreams(pool_size=2, connect_timeout_s=1.0, keepalive_s=30.0)
+    engines = EngineClient(pool_size=2, connect_timeout_s=1.0, keepalive_s=30.0)
     with pytest.raises(EngineUnreachable):
-        await streams.open(f"http://127.0.0.1:{port}/v1/completions", b"{}",
+        await engines.open_stream(f"http://127.0.0.1:{port}/v1/completions", b"{}",
                            first_byte_timeout_s=1, idle_timeout_s=1)  # fmt: skip
-    assert streams.open_connections == 0
+    assert engines.open_connections == 0
 
 
 async def test_a_client_that_stops_reading_holds_the_engine_back():
@@ -270,3 +278,37 @@ async def test_a_client_that_stops_reading_holds_the_engine_back():
         assert rest.count(b"data: ") == n  # the other n - 1 events and [DONE]
         assert rest.endswith(b"data: [DONE]\n\n")
         assert setup.responses[0].passed_through
+
+
+async def test_a_whole_answer_is_read_whole_over_one_kept_connection():
+    async with engine_and_router() as setup:
+        for size in (10, 3_000_000):  # one read, then many
+            answer = await setup.engines.post_json(
+                setup.engine_url + f"/whole?size={size}", b"{}", timeout_s=5
+            )
+            assert json.loads(answer) == {"text": "x" * size}
+        peers = setup.engine.peers
+        assert len(peers) == 2 and peers[0] == peers[1]
+        assert setup.engines.idle_connections == 1
+
+
+async def test_a_whole_answer_past_its_timeout_is_unreachable_and_aborted():
+    async with engine_and_router() as setup:
+        with pytest.raises(EngineUnreachable, match=r"within 0\.3 s"):
+            await setup.engines.post_json(setup.engine_url + "/whole?delay_s=5", b"{}",
+                                          timeout_s=0.3)  # fmt: skip
+        assert setup.engines.open_connections == 0
+        with pytest.raises(EngineHTTPError) as refused:
+            await setup.engines.post_json(setup.engine_url + "/refuse", b"{}", timeout_s=5)
+        assert refused.value.status == 400
+
+
+async def test_a_client_that_takes_nothing_for_the_idle_timeout_has_its_engine_request_aborted():
+    async with engine_and_router(idle_timeout_s=0.5) as setup:
+        async with aiohttp.ClientSession() as client:
+            answer = await client.post(setup.url + "?n=32000&pad=2000", data=b"{}")
+            await answer.content.readuntil(b"\n\n")
+            await asyncio.wait_for(setup.engine.aborted.wait(), 10)
+            answer.close()
+        assert setup.engine.written < 32_000
+        assert setup.responses[0].stats.failure is not None

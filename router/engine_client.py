@@ -1,26 +1,28 @@
-"""Streamed engine answers, read by a small HTTP/1.1 client of the router's own.
+"""The router's calls to worker engines: a small HTTP/1.1 client of its own.
 
-Why not aiohttp (``upstream.py``, still used for every answer read whole): aiohttp hands
-each chunk to a StreamReader and wakes the task awaiting it, a task switch per SSE event.
-Here the bytes arrive in a protocol callback (httptools parses the framing) that can hand
-whole events straight to the client's socket (``sse_passthrough.py``); the CPU this saves
-per relayed token is in ``benchmarks/results/router_cpu.md``. A consumer that wants an
-async iterator instead (a fan-out, a safety screen) calls ``read()``.
+Why not aiohttp (``upstream.py``, kept for health probes and safety hooks): aiohttp hands
+each chunk to a StreamReader and wakes the task awaiting it, a task switch per SSE event,
+and builds a request object, header maps and timers per call. Here the bytes arrive in a
+protocol callback (httptools parses the framing) that can hand whole events straight to
+the client's socket (``sse_passthrough.py``). The CPU this saves per request and per
+relayed token is in ``benchmarks/results/router_cpu.md``. A consumer that wants an async
+iterator instead (a fan-out, a safety screen) calls ``read()``.
 
 Invariants:
 - One request per connection at a time. A connection goes back to the idle pool only
-  after its answer ended cleanly and the engine allowed keep-alive; at most ``pool_size``
-  idle ones in all, none kept past ``keepalive_s``. At most ``pool_size`` are open at
-  once; past that a stream waits for one, up to the connect timeout (aiohttp's rule).
+  after its answer ended cleanly and the engine allowed keep-alive, and is not reused
+  past ``keepalive_s``. At most ``pool_size`` connections are open, idle ones included;
+  past that an idle one is closed to make room, or a call waits for one up to the
+  connect timeout (aiohttp's rule).
 - A request that fails on a reused connection before any answer byte never reached the
   engine (vLLM's uvicorn closes idle connections first), so it is sent once more on a
   fresh connection.
 - Reading pauses while a reader is more than ``_HIGH_WATER_BYTES`` behind, or while a
   sink says so: a slow client holds back the engine, not the router's memory. An error
-  body is read up to ``_ERROR_BODY_BYTES``.
-- An answer silent for ``idle_timeout_s`` (not counting time paused for the client)
-  fails with ``StreamIdle``. Closing the connection (``abort``) is what makes vLLM abort
-  the request and free its KV blocks.
+  body is read up to ``_ERROR_BODY_BYTES``, a whole answer up to ``_WHOLE_ANSWER_BYTES``.
+- A stream silent for ``idle_timeout_s`` fails with ``StreamIdle``; one paused that
+  long because its reader took nothing fails with ``StreamBroken``. Closing the
+  connection (``abort``) is what makes vLLM abort the request and free its KV blocks.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from router.engine_errors import EngineHTTPError, EngineUnreachable
 
 _HIGH_WATER_BYTES = 256 * 1024
 _ERROR_BODY_BYTES = 1024 * 1024
+_WHOLE_ANSWER_BYTES = 256 * 1024 * 1024  # n choices with logprobs of a long output fit
 _END_GRACE_S = 2.0  # after [DONE], how long the rest of the answer may take to be pooled
 
 Sink = Callable[[bytes], bool]  # takes answer bytes; False asks to pause reading
@@ -57,7 +60,7 @@ class _Stale(Exception):
 class EngineConnection(asyncio.Protocol):
     """One keep-alive connection to an engine; a streamed answer's handle while it runs."""
 
-    def __init__(self, pool: EngineStreams, address: tuple[str, int]) -> None:
+    def __init__(self, pool: EngineClient, address: tuple[str, int]) -> None:
         self._pool = pool
         self.address = address
         self._loop = asyncio.get_running_loop()
@@ -221,6 +224,7 @@ class EngineConnection(asyncio.Protocol):
     def pause(self) -> None:
         if not self._paused and self._transport is not None:
             self._paused = True
+            self._last_data_s = self._loop.time()
             self._transport.pause_reading()
 
     def resume(self) -> None:
@@ -283,15 +287,19 @@ class EngineConnection(asyncio.Protocol):
             self._transport.close()
 
     def _check_idle(self) -> None:
+        """The engine silent, or the reader (a client) taking nothing, for the idle
+        timeout: either way the stream is failed and the engine's request aborted."""
         self._timer = None
         if self._ended or self._error is not None or self.closed:
             return
+        # While paused, _last_data_s is when reading paused: the reader's silence counts.
         silent_s = self._loop.time() - self._last_data_s
-        if self._paused or silent_s < self._idle_timeout_s:
-            left_s = self._idle_timeout_s - (0.0 if self._paused else silent_s)
-            self._timer = self._loop.call_later(left_s, self._check_idle)
-            return
-        self._fail(StreamIdle(f"engine silent for {silent_s:.1f} s mid-stream"))
+        if silent_s < self._idle_timeout_s:
+            self._timer = self._loop.call_later(self._idle_timeout_s - silent_s, self._check_idle)
+        elif self._paused:
+            self._fail(StreamBroken(f"the reader took nothing for {silent_s:.1f} s"))
+        else:
+            self._fail(StreamIdle(f"engine silent for {silent_s:.1f} s mid-stream"))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -307,8 +315,8 @@ class EngineConnection(asyncio.Protocol):
             self.abort()
 
 
-class EngineStreams:
-    """Opens streamed requests to engines over pooled keep-alive connections."""
+class EngineClient:
+    """Calls engines over pooled keep-alive connections: streamed or read whole."""
 
     def __init__(self, *, pool_size: int, connect_timeout_s: float, keepalive_s: float) -> None:
         self._pool_size = pool_size
@@ -326,7 +334,29 @@ class EngineStreams:
     def open_connections(self) -> int:
         return len(self._open)
 
-    async def open(
+    async def post_json(self, url: str, body: bytes, *, timeout_s: float) -> bytes:
+        """POST and read the whole answer within ``timeout_s``; raise on any non-200."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection, first = await self._send(url, body, first_byte_timeout_s=timeout_s)
+                try:
+                    pieces, size = [first], len(first)
+                    while piece := await connection.read():
+                        pieces.append(piece)
+                        size += len(piece)
+                        if size > _WHOLE_ANSWER_BYTES:
+                            raise StreamBroken(f"answer over {_WHOLE_ANSWER_BYTES} bytes")
+                except BaseException:
+                    connection.abort()
+                    raise
+        except TimeoutError:
+            raise EngineUnreachable(f"{url}: no whole answer within {timeout_s} s") from None
+        except StreamBroken as error:
+            raise EngineUnreachable(f"{url}: {error}") from None
+        connection.finish()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def open_stream(
         self, url: str, body: bytes, *, first_byte_timeout_s: float, idle_timeout_s: float
     ) -> tuple[EngineConnection, bytes]:
         """POST a streamed request to ``url``; the connection and the answer's first bytes.
@@ -334,6 +364,13 @@ class EngineStreams:
         Waiting for the first bytes before answering the client means a failure before
         the first token is still an HTTP error, not a broken 200.
         """
+        connection, first = await self._send(url, body, first_byte_timeout_s=first_byte_timeout_s)
+        connection.watch_idle(idle_timeout_s)
+        return connection, first
+
+    async def _send(
+        self, url: str, body: bytes, *, first_byte_timeout_s: float
+    ) -> tuple[EngineConnection, bytes]:
         address, request = _request(url, body, request_id_var.get())
         for attempt in range(2):
             connection = self._reusable(address) if attempt == 0 else None
@@ -343,7 +380,6 @@ class EngineStreams:
                 first = await connection.send(request, first_byte_timeout_s=first_byte_timeout_s)
             except _Stale:
                 continue
-            connection.watch_idle(idle_timeout_s)
             return connection, first
         raise EngineUnreachable(f"{url}: connection closed unanswered twice")
 
