@@ -122,7 +122,11 @@ class UpstreamSettings(_Group):
         1, ge=0, le=3, description="Retries of a failed prefill on another prefill worker."
     )
     upstream_pool_size: int = Field(
-        1024, ge=1, description="Pooled upstream connections (all workers together)."
+        1024,
+        ge=1,
+        description="Open connections to engines, idle ones included, all workers "
+        "together: for engine calls (streams wait for one past it, up to the connect timeout), "
+        "and again for health probes and safety hooks.",
     )
     upstream_keepalive_s: float = Field(
         30.0,
