@@ -141,7 +141,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
-        accounting=accounting, backend_up=lambda: sync.backend_up,
+        accounting=accounting, backend_up=lambda: sync.backend_up, engines=upstream.engines,
     ))  # fmt: skip
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,

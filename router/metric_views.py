@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from contracts.workers import WorkerRole
 from router.admission_queue import PrefillQueue
+from router.engine_client import EngineClient
 from router.fleet_accounting import FleetAccounting
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
@@ -145,6 +146,7 @@ def process_gauge_publisher(
     queues: Callable[[], Mapping[str, PrefillQueue]],
     accounting: FleetAccounting,
     backend_up: Callable[[], bool],
+    engines: EngineClient,
 ) -> Callable[[], None]:
     """Set this process's gauges from its own state (a closure for ``on_publish``)."""
 
@@ -175,6 +177,8 @@ def process_gauge_publisher(
             metrics.window_cost.labels(key.model, key.pool).set(accounting.window_cost_usd(key))
         metrics.window_span.set(tokens.span_s())
         metrics.state_up.set(1.0 if backend_up() else 0.0)
+        metrics.engine_connections.labels("open").set(engines.open_connections)
+        metrics.engine_connections.labels("idle").set(engines.idle_connections)
 
     return publish
 

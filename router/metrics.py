@@ -474,6 +474,12 @@ class RouterMetrics:
             "Workers x the largest share of the recent routing decisions in a pool (1 = even; "
             "the worst router process)", ["pool"], "livemax",
         )  # fmt: skip
+        self.engine_connections = gauge(
+            "pdserve_engine_connections",
+            "The router's connections to engines (engine_client): open ones (each holds one "
+            "of upstream_pool_size), and of those the idle ones kept for reuse",
+            ["state"], "livesum",
+        )  # fmt: skip
         self.state_up = gauge(
             "pdserve_state_backend_up",
             "1 while the control state backend answers; 0 while the router serves on its last "

@@ -128,6 +128,27 @@ def test_a_stream_without_usage_asked_gets_none_yet_its_tokens_count(cluster, cl
     assert grown == expected.completion_tokens
 
 
+def test_one_request_at_a_time_reuses_one_kept_connection_per_engine(cluster, client):
+    """The engine client pools its connections: requests one after another, streamed or
+    not, never open more than one connection to each engine, and all are idle after."""
+    for i in range(8):
+        body = dict(model=MODEL, prompt=prompt(i), max_tokens=4, temperature=0,
+                    stream=i % 2 == 0)  # fmt: skip
+        answer = httpx.post(cluster.router_url + "/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200
+        # A stream's connection is pooled when the engine's last chunk, after [DONE], is in.
+        wait_for(lambda: _connections(cluster)[1] == _connections(cluster)[0], 10,
+                 "the request's connection back in the pool")  # fmt: skip
+        open_now, idle_now = _connections(cluster)
+        assert 1 <= idle_now <= open_now <= len(cluster.workers), (open_now, idle_now)
+
+
+def _connections(cluster: LocalCluster) -> tuple[float, float]:
+    families = metrics(cluster)
+    return (total(families, "pdserve_engine_connections", state="open"),
+            total(families, "pdserve_engine_connections", state="idle"))  # fmt: skip
+
+
 def test_cost_gauge_equals_the_configured_price_over_tokens(cluster, client):
     client.completions.create(model=MODEL, prompt=prompt(1), max_tokens=5)
     # Worker-seconds accrue per heartbeat: wait for one after the request.
