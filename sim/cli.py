@@ -114,7 +114,11 @@ async def serve(configs: list[SimConfig]) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         for config in configs:
-            runner = web.AppRunner(SimServer(config).app(), access_log=None)
+            # A handler is cancelled when its client leaves, as vLLM aborts such a request
+            # (streamed or not): the engine then frees its slot and KV blocks.
+            runner = web.AppRunner(
+                SimServer(config).app(), access_log=None, handler_cancellation=True
+            )
             await runner.setup()
             await web.TCPSite(runner, config.host, config.port).start()
             runners.append(runner)

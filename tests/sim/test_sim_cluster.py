@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -146,6 +149,36 @@ def test_a_crashed_decode_ends_the_stream_with_an_error_then_the_cluster_heals(s
     again = generate(sim_cluster.router_url, "/v1/completions",
                      {"model": MODEL, "prompt": "after", "max_tokens": 4})  # fmt: skip
     assert again.status == 200
+
+
+def test_a_client_that_leaves_before_a_whole_answer_has_it_aborted_on_the_engine(sim_cluster):
+    """vLLM aborts a request whose client left. Before the first answer byte, the router
+    learns of it only by watching the connection; it must then close its own call, so the
+    decode frees the slot and KV instead of writing 2,000 tokens for nobody."""
+    decodes = [w.engine_url for w in sim_cluster.workers if w.role == "decode"]
+
+    def engines(name: str, **labels: str) -> float:
+        return sum(total(scrape(url + "/metrics"), name, **labels) for url in decodes)
+
+    def gone_499() -> float:
+        families = scrape(sim_cluster.router_url + "/metrics")
+        return total(families, "pdserve_requests_total", status="499")
+
+    aborted_before, gone_before = (
+        engines("vllm:request_success_total", finished_reason="abort"),
+        gone_499(),
+    )
+    body = json.dumps({"model": MODEL, "prompt": "leave early", "max_tokens": 2000,
+                       "ignore_eos": True}).encode()  # fmt: skip
+    router = urlsplit(sim_cluster.router_url)
+    with socket.create_connection((router.hostname, router.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: router\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                    % (len(body), body))  # fmt: skip
+        wait_for(lambda: engines("vllm:num_requests_running") >= 1, 30, "the decode to start")
+    wait_for(lambda: engines("vllm:num_requests_running") == 0, 15, "the decode to be aborted")
+    assert engines("vllm:request_success_total", finished_reason="abort") > aborted_before
+    wait_for(lambda: gone_499() > gone_before, 10, "the router to count the client gone")
 
 
 def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster):
