@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -14,7 +15,6 @@ from pydantic import BaseModel, ValidationError
 from router.errors import ClientDisconnected, InvalidRequest, RequestTooLarge
 
 M = TypeVar("M", bound=BaseModel)
-_WATCH_AFTER_S = 0.02  # a client gone sooner than this is noticed this much later
 
 
 async def json_body(request: Request, max_bytes: int) -> Any:
@@ -52,37 +52,22 @@ async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Re
 
     Starlette only watches for disconnects while a response streams; before
     that, a departed client would otherwise keep a prefill running for nobody.
-    The watcher starts only after ``_WATCH_AFTER_S``: most answers come sooner, and they
-    are spared a second task and an ``asyncio.wait`` (``router_cpu.md``, seventh run).
     """
     task = asyncio.ensure_future(work)
-    gone = False
-    watcher: asyncio.Future[None] | None = None
-
-    def leave(watched: asyncio.Future[None]) -> None:
-        nonlocal gone
-        if not watched.cancelled() and watched.exception() is None:
-            gone = True
-            task.cancel()
-
-    def watch() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(_disconnected(request))
-        watcher.add_done_callback(leave)
-
-    timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
+    watcher = asyncio.ensure_future(_disconnected(request))
     try:
-        return await task  # cancelling this task cancels ``task`` too
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        if gone:
-            raise ClientDisconnected(
-                "client disconnected before the answer", code="client_gone"
-            ) from None
+        task.cancel()
         raise
     finally:
-        timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnected("client disconnected before the answer", code="client_gone")
+    return task.result()
 
 
 async def _disconnected(request: Request) -> None:
