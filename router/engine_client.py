@@ -77,7 +77,6 @@ class EngineConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.status = 0
         self._got_bytes = False
-        self._headers_done = False
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._error_body = bytearray()
@@ -125,7 +124,6 @@ class EngineConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
-        self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
         if self.status != 200:

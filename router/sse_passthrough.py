@@ -42,10 +42,6 @@ class ClientSockets:
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
 
-    @property
-    def stats(self) -> StreamStats:
-        return self._relay.stats
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             cycle = getattr(send, "__self__", None)
