@@ -70,9 +70,6 @@ class EngineConnection(asyncio.Protocol):
         self.idle_since_s = 0.0
         self._reset()
 
-    def loop_time(self) -> float:
-        return self._loop.time()
-
     def _reset(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self.status = 0
@@ -383,7 +380,7 @@ class EngineClient:
 
     def keep(self, connection: EngineConnection) -> None:
         connection.reused = True
-        connection.idle_since_s = connection.loop_time()
+        connection.idle_since_s = asyncio.get_running_loop().time()
         self._idle.setdefault(connection.address, []).append(connection)
 
     def forget(self, connection: EngineConnection) -> None:
@@ -402,11 +399,10 @@ class EngineClient:
 
     def _reusable(self, address: tuple[str, int]) -> EngineConnection | None:
         idle = self._idle.get(address)
+        now_s = asyncio.get_running_loop().time()
         while idle:
             connection = idle.pop()
-            if connection.closed or connection.loop_time() - connection.idle_since_s > (
-                self._keepalive_s
-            ):
+            if connection.closed or now_s - connection.idle_since_s > self._keepalive_s:
                 connection.abort()
                 continue
             return connection
