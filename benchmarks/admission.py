@@ -101,6 +101,15 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
         # The router's own arrival-to-429 time, leaving out queue_deadline (it waits on
         # purpose): the share answered within 10 ms, from its histogram's buckets.
         "router_refusals_within_10ms": _refused_within(router, 0.01),
+        # The same by how much of the prompt was tokenized before the refusal: [refusals,
+        # share within 10 ms] for none (the queue alone), its head, the whole prompt.
+        "router_refusals_by_measured": {
+            measured: [
+                _refused_count(router, measured=measured),
+                _refused_within(router, 0.01, measured=measured),
+            ]
+            for measured in ("none", "head", "whole")
+        },
         # What held the router's event loop: timer wake-ups late by over 10 / 50 ms, and
         # garbage collections over 10 ms, of all (both counted over the whole run).
         "router_loop_lag": {
@@ -123,12 +132,20 @@ def _over(router: list, histogram: str, ms: int) -> float:
     )
 
 
-def _refused_within(router: list, seconds: float) -> float | None:
-    name = "pdserve_admission_rejection_seconds"
-    fast = ("ttft_slo_unattainable", "rate_limit_rpm", "rate_limit_tpm", "queue_full",
+_REFUSALS = "pdserve_admission_rejection_seconds"
+# Every refusal but queue_deadline, which waits on purpose.
+_AT_ONCE = ("ttft_slo_unattainable", "rate_limit_rpm", "rate_limit_tpm", "queue_full",
             "decode_kv_full", "decode_thrashing", "prompt_exceeds_ttft_slo")  # fmt: skip
-    count = sum(total(router, f"{name}_count", reason=r) for r in fast)
-    within = sum(total(router, f"{name}_bucket", reason=r, le=str(seconds)) for r in fast)
+
+
+def _refused_count(router: list, **labels: str) -> float:
+    return sum(total(router, f"{_REFUSALS}_count", reason=r, **labels) for r in _AT_ONCE)
+
+
+def _refused_within(router: list, seconds: float, **labels: str) -> float | None:
+    count = _refused_count(router, **labels)
+    within = sum(total(router, f"{_REFUSALS}_bucket", reason=r, le=str(seconds), **labels)
+                 for r in _AT_ONCE)  # fmt: skip
     return within / count if count else None
 
 
@@ -196,6 +213,7 @@ def summary(run: dict, slo_ms: float, *, burst_end_s: float | None = None,
         "rejected_by_reason": run["rejected_by_reason"] if only is None
         else dict(Counter(_reason(r, crowding=True) for r in refused)),
         "router_refusals_within_10ms": run.get("router_refusals_within_10ms"),
+        "router_refusals_by_measured": run.get("router_refusals_by_measured"),
         "router_loop_lag": run.get("router_loop_lag"),
         "router_gc_pauses": run.get("router_gc_pauses"),
         **forecast_summary(ok, slo_ms),

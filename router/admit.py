@@ -121,7 +121,7 @@ class Admission:
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
         forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
-        self._refuse_if_late(request, pools, forecast, self._target_s(request))
+        self._refuse_if_late(request, pools, forecast, self._target_s(request), measured="none")
         return forecast.queued
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
@@ -135,20 +135,26 @@ class Admission:
             request, pools, forecast
         )
 
-    def precheck_head(self, request: PreparedRequest, pools: Pools, head: PromptHead) -> None:
+    def precheck_head(
+        self, request: PreparedRequest, pools: Pools, head: PromptHead, *, rest_share: float
+    ) -> None:
         """Before tokenizing a long prompt whole: on a worker whose cached prefix ends
         inside the head, the rest is uncached too (a cached prefix is contiguous from the
         first block); on one that holds the whole head, nothing more is known. Refuse at
-        once if even that makes it late."""
+        once if even that makes it late, the rest's tokens estimated low (``rest_share``
+        of the head's per character)."""
         block_size = head.blocks.block_size
+        rest_tokens = head.rest_tokens(rest_share)
         lacking = {
-            worker_id: n + head.rest_tokens if n >= block_size else 1
+            worker_id: n + rest_tokens if n >= block_size else 1
             for worker_id, n in self._scheduler.uncached_tokens(
                 [*pools.first_hop, *pools.decode], head.blocks
             ).items()
         }
         forecast = self._forecast(request, pools, lacking, lacking)
-        self._refuse_if_late(request, pools, forecast, self._target_s(request), at_least=True)
+        self._refuse_if_late(
+            request, pools, forecast, self._target_s(request), at_least=True, measured="head"
+        )
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
@@ -262,7 +268,7 @@ class Admission:
         slo_s = self._slo_s(request)
         if not self._settings.refuse_prompts_past_slo or forecast.alone_s <= slo_s:
             return
-        self._count_refusal(request, "prompt_exceeds_ttft_slo")
+        self._count_refusal(request, "prompt_exceeds_ttft_slo", "whole")
         raise RequestTooLarge(
             f"this prompt's {forecast.uncached_tokens} uncached tokens are forecast to take "
             f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
@@ -289,7 +295,7 @@ class Admission:
 
     def _refuse_if_late(
         self, request: PreparedRequest, pools: Pools, forecast: _Forecast, slo_s: float, *,
-        at_least: bool = False,
+        at_least: bool = False, measured: str = "whole",
     ) -> None:  # fmt: skip
         if not self._late(forecast, slo_s) or self._sheltered(request, pools, forecast):
             return
@@ -299,13 +305,13 @@ class Admission:
                 f"predicted time to first token {'at least ' if at_least else ''}"
                 f"{forecast.ttft_s:.2f}s is over the "
                 f"{slo_s:.2f}s target; the prefill queue is full, retry later",
-                wait_s=forecast.ttft_s - slo_s,
+                wait_s=forecast.ttft_s - slo_s, measured=measured,
             )  # fmt: skip
         raise self._refused(
             request, "ttft_slo_unattainable",
             "every prefill worker is at its limit: more work there would make requests "
             "already admitted miss their time to first token target; retry later",
-            wait_s=forecast.ttft_s,
+            wait_s=forecast.ttft_s, measured=measured,
         )  # fmt: skip
 
     def _forecast(
@@ -423,15 +429,18 @@ class Admission:
         return grant
 
     def _refused(
-        self, request: PreparedRequest, reason: str, message: str, *, wait_s: float
-    ) -> Overloaded:
-        self._count_refusal(request, reason)
+        self, request: PreparedRequest, reason: str, message: str, *, wait_s: float,
+        measured: str = "whole",
+    ) -> Overloaded:  # fmt: skip
+        self._count_refusal(request, reason, measured)
         return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
 
-    def _count_refusal(self, request: PreparedRequest, reason: str) -> None:
+    def _count_refusal(self, request: PreparedRequest, reason: str, measured: str) -> None:
+        """``measured``: how much of the prompt was tokenized before the refusal (none, its
+        head, the whole), which is most of what a refusal costs the router."""
         self._metrics.admission_rejections.labels(request.model, reason).inc()
         waited_s = self._clock() - request.arrived_s
-        self._metrics.rejection_latency.labels(request.model, reason).observe(waited_s)
+        self._metrics.rejection_latency.labels(request.model, reason, measured).observe(waited_s)
 
 
 def _each(workers: Sequence[WorkerState], tokens: int) -> dict[str, int]:

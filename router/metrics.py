@@ -360,9 +360,17 @@ class RouterMetrics:
         )
         self.rejection_latency = Histogram(
             "pdserve_admission_rejection_seconds",
-            "Arrival to the 429 for requests admission refused (queue waits included)",
-            ["model", "reason"],
+            "Arrival to the 429 for requests admission refused (queue waits included), by "
+            "how much of the prompt was tokenized first (measured: none, head, whole)",
+            ["model", "reason", "measured"],
             buckets=_FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.head_rest_share = Gauge(
+            "pdserve_head_bound_rest_share",
+            "Of a long prompt's head's tokens per character, what admission assumes its unread "
+            "rest has at least (learned from prompts measured both ways; 0.8 until then)",
+            ["model"],
             registry=r,
         )
         self.tokenize_cpu = Summary(

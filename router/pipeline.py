@@ -31,6 +31,7 @@ from router.prepare import (
 )
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerRegistry
+from router.rest_density import RestDensity
 from router.settings import ServerSettings
 from router.token_prefix_cache import TokenPrefixCache
 
@@ -56,6 +57,8 @@ class RequestPipeline:
         self._orchestrator = orchestrator
         self._metrics = metrics
         self._clock = clock
+        # Per model (its tokenizer and its traffic): how dense a long prompt's rest is.
+        self._rest_densities: dict[str, RestDensity] = {}
 
     def __repr__(self) -> str:
         return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
@@ -80,6 +83,7 @@ class RequestPipeline:
         """One choice: measure, admit, schedule and orchestrate."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
         head_chars = self._settings.early_bound_head_chars
+        head = None
         if (
             self._admission.precheck(request, pools)
             and head_chars > 0 and prompt_chars(request) > 2 * head_chars
@@ -87,9 +91,16 @@ class RequestPipeline:
         ):  # fmt: skip
             head = measure_head(request, pools.first_hop, self._hashers,
                                 head_chars=head_chars, token_cache=self._token_cache)  # fmt: skip
-            if head is not None:
-                self._admission.precheck_head(request, pools, head)
+        if head is not None:
+            density = self._rest_density(request.model)
+            self._admission.precheck_head(request, pools, head, rest_share=density.share())
         blocks = await self._measure(request, pools)
+        if head is not None:
+            density.observe(
+                head_tokens=head.tokens, head_chars=head.chars, rest_chars=head.rest_chars,
+                rest_tokens=blocks.token_count - head.tokens,
+            )  # fmt: skip
+            self._metrics.head_rest_share.labels(request.model).set(density.share())
         admitted = await self._admission.admit(request, pools, blocks)
         try:
             return await self._orchestrator.serve(
@@ -97,6 +108,13 @@ class RequestPipeline:
             )
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
+
+    def _rest_density(self, model: str) -> RestDensity:
+        density = self._rest_densities.get(model)
+        if density is None:  # one per served model: the registry bounds how many
+            samples = self._settings.early_bound_rest_samples
+            density = self._rest_densities[model] = RestDensity(max_samples=samples)
+        return density
 
     async def serve_shadow(self, request: PreparedRequest) -> Response:
         """A mirrored copy (``shadow.py``): measured, scheduled and orchestrated on its

@@ -150,15 +150,20 @@ class PromptHead:
     """A long prompt's first characters, tokenized and cut into whole hashed blocks."""
 
     blocks: PromptBlocks
-    # The tokens after those blocks, estimated on the low side from the head's own tokens
-    # per character (a bound would need the longest token, several times too low).
-    rest_tokens: int
+    tokens: int  # the head's text encoded, the blocks and the few tokens past them
+    chars: int
+    rest_chars: int  # of the prompt's text after the head
+
+    def rest_tokens(self, share: float) -> int:
+        """The tokens after the head's blocks, estimated on the low side: the rest is
+        assumed to have ``share`` of the head's tokens per character (a true bound would
+        need the longest token, several times too low; ``rest_density.py`` learns it)."""
+        rest = self.rest_chars * self.tokens / self.chars * share
+        return self.tokens - self.blocks.token_count + int(rest)
 
 
 # The last tokens before a cut may merge with the text after it; not counted as the head's.
 _CUT_MARGIN_TOKENS = 2
-# Of the head's tokens per character, what the rest is assumed to have at least.
-_REST_TOKENS_SHARE = 0.8
 
 
 def measure_head(
@@ -191,8 +196,7 @@ def measure_head(
     if whole <= 0:
         return None
     blocks = _hashed(hashers, registration, ids[:whole])
-    rest = (len(text) - cut) * len(ids) / cut * _REST_TOKENS_SHARE
-    return PromptHead(blocks, rest_tokens=len(ids) - whole + int(rest))
+    return PromptHead(blocks, tokens=len(ids), chars=cut, rest_chars=len(text) - cut)
 
 
 async def measure_prompt(

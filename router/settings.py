@@ -91,6 +91,14 @@ class ServerSettings(_Group):
         "prefix ends in that head holds none of the rest, so admission can refuse a request "
         "that would be late without tokenizing it all. 0: off.",
     )
+    early_bound_rest_samples: int = Field(
+        512,
+        ge=0,
+        le=100_000,
+        description="Per model, how many recent long prompts (head measured, then the whole) "
+        "teach the head bound how many tokens a prompt's unread rest has at least: a low "
+        "quantile of their rest-to-head tokens per character. 0: a fixed 0.8 of the head's.",
+    )
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
     )

@@ -46,7 +46,8 @@ class Rig:
                                                  on_event=lambda *_: None)  # fmt: skip
         scheduler = Scheduler(RoutingSettings(), load=self.load, prefixes=prefixes, stats=stats,
                               predictor=self.predictor, clock=clock)  # fmt: skip
-        metrics = RouterMetrics(window_s=60, recent_ttft_samples=100, clock=clock)
+        self.metrics = metrics = RouterMetrics(window_s=60, recent_ttft_samples=100,
+                                               clock=clock)  # fmt: skip
         self.admission = Admission(
             AdmissionSettings(**{"ttft_slo_s": 2.0, "ttft_slo_headroom": 1.0, **settings}),
             state=MemoryState(clock=clock), scheduler=scheduler, load=self.load,
@@ -135,17 +136,24 @@ def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_th
     rig = Rig()
     rig.load.begin("p", 1000)  # 1 s queued: alone, not a reason to refuse
     head_ids = list(range(512))
-    head = PromptHead(rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256",
-                                         seed=None), rest_tokens=1500)  # fmt: skip
+    # 512 tokens in 2048 characters, then 6000 more: 1500 tokens at the head's density.
+    head_blocks = rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256", seed=None)
+    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=6000)
     # Nothing of it is cached: at least 512 + 1500 tokens, 2 s, after the queue's 1 s.
     with pytest.raises(Overloaded) as refused:
-        rig.admission.precheck_head(rig.request(), rig.pools, head)
+        rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
     assert refused.value.code == "ttft_slo_unattainable"
     assert "at least" in str(refused.value)
+    refused_at_head = rig.metrics.prometheus.get_sample_value(
+        "pdserve_admission_rejection_seconds_count",
+        {"model": "m", "reason": "ttft_slo_unattainable", "measured": "head"},
+    )  # fmt: skip
+    assert refused_at_head == 1
+    # Were the rest a quarter as dense (375 tokens), it might be in time: no refusal.
+    rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=0.25)
     # The worker holds the whole head: how much more it holds is unknown, so no refusal.
-    rig.prefixes.record("p", rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256",
-                                                seed=None))  # fmt: skip
-    rig.admission.precheck_head(rig.request(), rig.pools, head)
+    rig.prefixes.record("p", head_blocks)
+    rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
 
 
 def test_a_prompt_that_could_not_be_refused_even_all_uncached_is_not_measured_in_part():

@@ -60,7 +60,8 @@ def test_the_heads_blocks_are_the_whole_prompts_leading_blocks_and_the_rest_is_n
         assert len(head_hashes) >= 16  # ~2k characters of it, whole blocks only
         assert whole.all()[: len(head_hashes)] == head_hashes
         rest = whole.token_count - head.blocks.token_count
-        assert 0.6 * rest <= head.rest_tokens <= rest
+        assert 0.6 * rest <= head.rest_tokens(0.8) <= rest
+        assert head.rest_tokens(0.5) < head.rest_tokens(0.8)
 
 
 def test_short_prompts_and_token_ids_are_not_measured_in_part():
