@@ -15,18 +15,20 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
 4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus its fair share
    of the router's queue and the decode handoff: over ``ttft_slo_headroom`` x the SLO
    (the model's, or the client's if lower), and only when a queue is the cause, is a 429
-   at once: work that will miss is not worth accepting. So is a request that would push,
-   on every first-hop worker, a prefill already under way past its deadline (an engine
-   prefills what waits in one step, so later work delays earlier work): admitted
-   requests keep their promise. The grant carries the request's prefill deadline, which
-   the scheduler's ``ttft_budget`` filter keeps to when it picks the worker. Neither
-   refusal falls on a tenant within its weighted share of the queue's limit while
+   at once: work that will miss is not worth accepting. A prompt whose own prefill
+   alone comes within that margin of the target may wait up to the margin past its
+   alone time (``_line_s``): in a busy fleet some wait is always there. So is a
+   request that would push, on every first-hop worker, a prefill already under way past
+   its deadline (an engine prefills what waits in one step, so later work delays earlier
+   work): admitted requests keep their promise. The grant carries the request's prefill
+   deadline, which the scheduler's ``ttft_budget`` filter keeps to when it picks the
+   worker. Neither refusal falls on a tenant within its weighted share of the queue's limit while
    another tenant is over its own: that request waits in the queue, where it goes first.
    A prompt forecast over the SLO itself even on idle workers is served, late, unless
    ``refuse_prompts_past_slo``: then a 413 (no wait would help it, so no 429);
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
-   dropped with a 429 if it cannot start by its deadline (arrival + target - its own
+   dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
    prefill time).
 The grant it returns is released once the request's prefill is done.
 """
@@ -121,7 +123,7 @@ class Admission:
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
         forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
-        self._refuse_if_late(request, pools, forecast, self._target_s(request), measured="none")
+        self._refuse_if_late(request, pools, forecast, measured="none")
         return forecast.queued
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
@@ -131,9 +133,7 @@ class Admission:
             request, pools, _each(pools.first_hop, tokens_at_most),
             _each(pools.decode, tokens_at_most),
         )  # fmt: skip
-        return self._late(forecast, self._target_s(request)) and not self._sheltered(
-            request, pools, forecast
-        )
+        return self._late(request, forecast) and not self._sheltered(request, pools, forecast)
 
     def precheck_head(
         self, request: PreparedRequest, pools: Pools, head: PromptHead, *, rest_share: float
@@ -152,9 +152,7 @@ class Admission:
             ).items()
         }
         forecast = self._forecast(request, pools, lacking, lacking)
-        self._refuse_if_late(
-            request, pools, forecast, self._target_s(request), at_least=True, measured="head"
-        )
+        self._refuse_if_late(request, pools, forecast, at_least=True, measured="head")
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
         """Raise to refuse; return to let the request be scheduled."""
@@ -171,13 +169,13 @@ class Admission:
         if not pools.first_hop or not decode_pool:
             return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
         self._check_decode_room(request, decode_pool, blocks, output)
-        slo_s = self._target_s(request)
         # One prefix lookup for both pools: what each worker lacks of the prompt.
         lacking = self._scheduler.uncached_tokens([*pools.first_hop, *pools.decode], blocks)
         forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_past_slo_alone(request, forecast)
-        self._refuse_if_late(request, pools, forecast, slo_s)
-        grant = await self._queue(request, pools.first_hop, forecast, slo_s)
+        self._refuse_if_late(request, pools, forecast)
+        line_s = self._line_s(request, forecast)
+        grant = await self._queue(request, pools.first_hop, forecast, line_s)
         try:
             # Again after the wait, with nothing awaited between this and the decode pick:
             # the room seen before queueing may have been taken meanwhile.
@@ -187,7 +185,7 @@ class Admission:
             raise
         admitted = dataclasses.replace(
             request, max_output_tokens=output, predicted_ttft_s=forecast.ttft_s,
-            prefill_deadline_s=request.arrived_s + slo_s - forecast.handoff_s,
+            prefill_deadline_s=request.arrived_s + line_s - forecast.handoff_s,
         )  # fmt: skip
         self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
         return Admitted(admitted, grant)
@@ -257,9 +255,15 @@ class Admission:
         model_slo_s = self._settings.ttft_slo_of(request.model)
         return min(model_slo_s, request.ttft_slo_s or model_slo_s)
 
-    def _target_s(self, request: PreparedRequest) -> float:
-        """The SLO less the predictor's margin."""
-        return self._slo_s(request) * self._settings.ttft_slo_headroom
+    def _line_s(self, request: PreparedRequest, forecast: _Forecast) -> float:
+        """The forecast a wait may bring the request to: the target (the SLO less the
+        predictor's margin, ``ttft_slo_headroom``), or, for a prompt whose own prefill
+        alone leaves less than the margin before the target, its time alone plus the
+        margin. A busy fleet always has some wait; were a long prompt refused for any
+        wait, it would be refused for as long as the fleet is busy."""
+        slo_s = self._slo_s(request)
+        target_s = slo_s * self._settings.ttft_slo_headroom
+        return max(target_s, forecast.alone_s + slo_s - target_s)
 
     def _refuse_if_past_slo_alone(self, request: PreparedRequest, forecast: _Forecast) -> None:
         """A prompt that would miss the SLO on idle workers: no wait helps it, so with
@@ -287,25 +291,29 @@ class Admission:
         policy = request.tenant.policy
         return queue.sheltered(request.tenant.name, policy.weight, forecast.uncached_tokens, limit)
 
-    @staticmethod
-    def _late(forecast: _Forecast, slo_s: float) -> bool:
-        # Late only when a queue is the cause: alone on idle workers a request is as fast
-        # as it can be, and serving it keeps the predictor learning.
-        return forecast.queued and (forecast.ttft_s > slo_s or forecast.crowded)
+    def _late(self, request: PreparedRequest, forecast: _Forecast) -> bool:
+        # Late only when a wait is the cause: alone on idle workers a request is as fast
+        # as it can be, and serving it keeps the predictor learning. The line rises with
+        # the prompt's own time no faster than the forecast does, so a prompt found late
+        # with a low estimate of its tokens (``precheck_head``) is late with all of them.
+        return forecast.queued and (
+            forecast.crowded or forecast.ttft_s > self._line_s(request, forecast)
+        )
 
     def _refuse_if_late(
-        self, request: PreparedRequest, pools: Pools, forecast: _Forecast, slo_s: float, *,
+        self, request: PreparedRequest, pools: Pools, forecast: _Forecast, *,
         at_least: bool = False, measured: str = "whole",
     ) -> None:  # fmt: skip
-        if not self._late(forecast, slo_s) or self._sheltered(request, pools, forecast):
+        if not self._late(request, forecast) or self._sheltered(request, pools, forecast):
             return
-        if forecast.ttft_s > slo_s:
+        line_s = self._line_s(request, forecast)
+        if forecast.ttft_s > line_s:
             raise self._refused(
                 request, "ttft_slo_unattainable",
                 f"predicted time to first token {'at least ' if at_least else ''}"
                 f"{forecast.ttft_s:.2f}s is over the "
-                f"{slo_s:.2f}s target; the prefill queue is full, retry later",
-                wait_s=forecast.ttft_s - slo_s, measured=measured,
+                f"{line_s:.2f}s target; the prefill queue is full, retry later",
+                wait_s=forecast.ttft_s - line_s, measured=measured,
             )  # fmt: skip
         raise self._refused(
             request, "ttft_slo_unattainable",
@@ -402,7 +410,7 @@ class Admission:
         request: PreparedRequest,
         first_hop: Sequence[WorkerState],
         forecast: _Forecast,
-        slo_s: float,
+        line_s: float,
     ) -> Grant:
         queue = self._queues.get(request.model)
         if queue is None:
@@ -415,14 +423,14 @@ class Admission:
                 tenant=request.tenant.name, priority=request.priority,
                 weight=request.tenant.policy.weight, cost=forecast.uncached_tokens,
                 limit_tokens=self._queue_limit_tokens(request.model, first_hop),
-                deadline_s=request.arrived_s + slo_s - forecast.own_prefill_s,
+                deadline_s=request.arrived_s + line_s - forecast.own_prefill_s,
             )  # fmt: skip
         except QueueFull as error:
             raise self._refused(request, "queue_full", str(error), wait_s=forecast.ttft_s) from None
         except QueueDeadline:
             raise self._refused(
                 request, "queue_deadline",
-                f"waited in the prefill queue past its {slo_s:.2f}s TTFT target",
+                f"waited in the prefill queue past its {line_s:.2f}s TTFT target",
                 wait_s=forecast.ttft_s,
             ) from None  # fmt: skip
         self._metrics.stage.labels(request.model, "queue").observe(self._clock() - entered_s)
