@@ -16,14 +16,16 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    of the router's queue and the decode handoff: over ``ttft_slo_headroom`` x the SLO
    (the model's, or the client's if lower), and only when a queue is the cause, is a 429
    at once: work that will miss is not worth accepting. A prompt whose own prefill
-   alone comes within that margin of the target may wait up to the margin past its
-   alone time (``_line_s``): in a busy fleet some wait is always there. So is a
+   alone comes within that margin of the target, or past it but within the SLO, may wait
+   up to the margin past its alone time, to the SLO at most (``_line_s``): in a busy
+   fleet some wait is always there. So is a
    request that would push, on every first-hop worker, a prefill already under way past
    its deadline (an engine prefills what waits in one step, so later work delays earlier
    work): admitted requests keep their promise. The grant carries the request's prefill
    deadline, which the scheduler's ``ttft_budget`` filter keeps to when it picks the
-   worker. Neither refusal falls on a tenant within its weighted share of the queue's limit while
-   another tenant is over its own: that request waits in the queue, where it goes first.
+   worker. Neither refusal falls on a tenant within its weighted share of the queue's
+   limit while another tenant is over its own: that request waits in the queue, where it
+   goes first.
    A prompt forecast over the SLO itself even on idle workers is served, late, unless
    ``refuse_prompts_past_slo``: then a 413 (no wait would help it, so no 429);
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
@@ -257,13 +259,18 @@ class Admission:
 
     def _line_s(self, request: PreparedRequest, forecast: _Forecast) -> float:
         """The forecast a wait may bring the request to: the target (the SLO less the
-        predictor's margin, ``ttft_slo_headroom``), or, for a prompt whose own prefill
-        alone leaves less than the margin before the target, its time alone plus the
-        margin. A busy fleet always has some wait; were a long prompt refused for any
-        wait, it would be refused for as long as the fleet is busy."""
+        predictor's margin, ``ttft_slo_headroom``); for a prompt whose own prefill alone
+        comes within that margin of the target, or past it but within the SLO, its time
+        alone plus the margin, at most the SLO. A busy fleet always has some wait; were
+        such a prompt refused for any wait, it would be refused as long as the fleet is
+        busy, though it can meet the SLO. One that misses the SLO even alone is past the
+        line with any wait (served only when the pool is idle, or 413 with
+        ``refuse_prompts_past_slo``). Never falling as the prompt grows, and rising no
+        faster than the forecast, the line keeps ``precheck_head``'s low estimate of the
+        tokens on the safe side."""
         slo_s = self._slo_s(request)
         target_s = slo_s * self._settings.ttft_slo_headroom
-        return max(target_s, forecast.alone_s + slo_s - target_s)
+        return min(slo_s, max(target_s, forecast.alone_s + slo_s - target_s))
 
     def _refuse_if_past_slo_alone(self, request: PreparedRequest, forecast: _Forecast) -> None:
         """A prompt that would miss the SLO on idle workers: no wait helps it, so with
@@ -293,9 +300,7 @@ class Admission:
 
     def _late(self, request: PreparedRequest, forecast: _Forecast) -> bool:
         # Late only when a wait is the cause: alone on idle workers a request is as fast
-        # as it can be, and serving it keeps the predictor learning. The line rises with
-        # the prompt's own time no faster than the forecast does, so a prompt found late
-        # with a low estimate of its tokens (``precheck_head``) is late with all of them.
+        # as it can be, and serving it keeps the predictor learning.
         return forecast.queued and (
             forecast.crowded or forecast.ttft_s > self._line_s(request, forecast)
         )

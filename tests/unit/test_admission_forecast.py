@@ -186,17 +186,27 @@ def test_a_prompt_that_would_miss_the_slo_alone_is_refused_for_good_only_when_as
     assert strict.admit(1500).request.predicted_ttft_s == pytest.approx(1.5 + 0.01 + 0.3)
 
 
-def test_a_long_prompt_may_wait_up_to_the_margin_past_its_own_time_but_no_longer():
+def test_a_long_prompt_may_wait_up_to_the_margin_past_its_own_time_within_the_slo():
     rig = Rig(ttft_slo_headroom=0.8)  # SLO 2 s, target 1.6 s, margin 0.4 s
     rig.load.begin("p", 100)  # 0.1 s queued: a busy fleet always has some wait
-    # 1700 tokens take 1.7 s alone, past the target: a 0.1-s wait is within the margin.
+    # 1700 tokens take 1.7 s alone, past the target: the wait keeps it within the SLO.
     admitted = rig.admit(1700)
     assert admitted.request.predicted_ttft_s == pytest.approx(1.8, abs=0.05)
     admitted.grant.release()
-    rig.load.begin("p", 500)  # 0.6 s queued: past the margin, so refused
+    # 1300 tokens (1.3 s alone) may wait up to the margin: to 1.7 s, not the SLO.
+    rig.load.begin("p", 300)  # 0.4 s queued in all
+    with pytest.raises(Overloaded):
+        rig.admit(1300)
+    rig.load.begin("p", 200)  # 0.6 s queued: past the margin of a 1.7-s prompt too
     with pytest.raises(Overloaded) as refused:
         rig.admit(1700)
     assert refused.value.code == "ttft_slo_unattainable"
-    # A short prompt gets no such room: over the target for the queue is refused.
-    with pytest.raises(Overloaded):
-        rig.admit(1100)
+
+
+def test_a_prompt_that_misses_the_slo_even_alone_keeps_the_target():
+    rig = Rig(ttft_slo_headroom=0.8)
+    queued = rig.load.begin("p", 100)  # 0.1 s queued
+    with pytest.raises(Overloaded):  # 2.5 s alone: a wait is no help to it
+        rig.admit(2500)
+    queued.end()
+    assert rig.admit(2500).request.predicted_ttft_s == pytest.approx(2.5, abs=0.05)  # idle
