@@ -135,7 +135,8 @@ def _over(router: list, histogram: str, ms: int) -> float:
 _REFUSALS = "pdserve_admission_rejection_seconds"
 # Every refusal but queue_deadline, which waits on purpose.
 _AT_ONCE = ("ttft_slo_unattainable", "rate_limit_rpm", "rate_limit_tpm", "queue_full",
-            "decode_kv_full", "decode_thrashing", "prompt_exceeds_ttft_slo")  # fmt: skip
+            "decode_kv_full", "decode_thrashing", "prompt_exceeds_ttft_slo",
+            "prompt_needs_idle_pool")  # fmt: skip
 
 
 def _refused_count(router: list, **labels: str) -> float:
@@ -244,10 +245,18 @@ def forecast_summary(ok: list[RequestResult], slo_ms: float) -> dict:
 
 def recovery_s(results: list[RequestResult], slo_ms: float, burst_end_s: float) -> float | None:
     """From the burst's end to the send time after which every request was accepted
-    within the SLO; None if that never happened. A 413 (a prompt that misses the SLO
-    even alone, with ``refuse_prompts_past_slo``) is left out: an idle pool refuses it
-    too, so it says nothing about recovering."""
-    after = sorted((r for r in results if r.started_s >= burst_end_s and r.status != 413),
+    within the SLO; None if that never happened. A prompt that misses the SLO even
+    alone is left out: refused (413 with ``refuse_prompts_past_slo``; else 429
+    ``prompt_needs_idle_pool`` while anything else runs) or served late, it would be so
+    on an idle pool too, so it says nothing about recovering."""
+
+    def past_slo_alone(r: RequestResult) -> bool:
+        if r.ok:  # admitted with a forecast over the SLO: with one tenant (no shelter),
+            # only its own prefill can put it past the line, which is at most the SLO
+            return r.predicted_ttft_s is not None and r.predicted_ttft_s * 1000 > slo_ms
+        return r.status == 413 or _reason(r) == "prompt_needs_idle_pool"
+
+    after = sorted((r for r in results if r.started_s >= burst_end_s and not past_slo_alone(r)),
                    key=lambda r: r.started_s)  # fmt: skip
     last_bad = None
     for r in after:

@@ -26,8 +26,9 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    worker. Neither refusal falls on a tenant within its weighted share of the queue's
    limit while another tenant is over its own: that request waits in the queue, where it
    goes first.
-   A prompt forecast over the SLO itself even on idle workers is served, late, unless
-   ``refuse_prompts_past_slo``: then a 413 (no wait would help it, so no 429);
+   A prompt forecast over the SLO itself even on idle workers is served, late, when the
+   pool is idle, and else refused with 429 ``prompt_needs_idle_pool``; with
+   ``refuse_prompts_past_slo``, a 413 (no wait would help it, so no 429);
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
@@ -311,7 +312,16 @@ class Admission:
     ) -> None:  # fmt: skip
         if not self._late(request, forecast) or self._sheltered(request, pools, forecast):
             return
-        line_s = self._line_s(request, forecast)
+        line_s, slo_s = self._line_s(request, forecast), self._slo_s(request)
+        if forecast.alone_s > slo_s:  # no wait is short enough: say so, and when it is served
+            raise self._refused(
+                request, "prompt_needs_idle_pool",
+                f"this prompt is forecast to take {'at least ' if at_least else ''}"
+                f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
+                f"{slo_s:.2f}s time-to-first-token SLO, so it is served only when the pool "
+                "is idle; retry later, or shorten it",
+                wait_s=forecast.ttft_s - forecast.alone_s, measured=measured,
+            )  # fmt: skip
         if forecast.ttft_s > line_s:
             raise self._refused(
                 request, "ttft_slo_unattainable",

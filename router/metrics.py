@@ -353,8 +353,8 @@ class RouterMetrics:
         self.admission_rejections = Counter(
             "pdserve_admission_rejections",
             "Requests refused by admission, by reason (rate_limit_rpm, rate_limit_tpm, "
-            "ttft_slo_unattainable, queue_deadline, queue_full, decode_kv_full, "
-            "decode_thrashing, prompt_over_tenant_cap)",
+            "ttft_slo_unattainable, prompt_needs_idle_pool, prompt_exceeds_ttft_slo, "
+            "queue_deadline, queue_full, decode_kv_full, decode_thrashing)",
             ["model", "reason"],
             registry=r,
         )

@@ -206,7 +206,9 @@ def test_a_long_prompt_may_wait_up_to_the_margin_past_its_own_time_within_the_sl
 def test_a_prompt_that_misses_the_slo_even_alone_keeps_the_target():
     rig = Rig(ttft_slo_headroom=0.8)
     queued = rig.load.begin("p", 100)  # 0.1 s queued
-    with pytest.raises(Overloaded):  # 2.5 s alone: a wait is no help to it
+    with pytest.raises(Overloaded) as refused:  # 2.5 s alone: a wait is no help to it
         rig.admit(2500)
+    assert refused.value.code == "prompt_needs_idle_pool"
+    assert "served only when the pool is idle" in str(refused.value)
     queued.end()
     assert rig.admit(2500).request.predicted_ttft_s == pytest.approx(2.5, abs=0.05)  # idle
