@@ -136,10 +136,10 @@ def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_th
     rig = Rig()
     rig.load.begin("p", 1000)  # 1 s queued: alone, not a reason to refuse
     head_ids = list(range(512))
-    # 512 tokens in 2048 characters, then 6000 more: 1500 tokens at the head's density.
+    # 512 tokens in 2048 characters, then 4000 more: 1000 tokens at the head's density.
     head_blocks = rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256", seed=None)
-    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=6000)
-    # Nothing of it is cached: at least 512 + 1500 tokens, 2 s, after the queue's 1 s.
+    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=4000)
+    # Nothing of it is cached: at least 512 + 1000 tokens, 1.5 s, after the queue's 1 s.
     with pytest.raises(Overloaded) as refused:
         rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
     assert refused.value.code == "ttft_slo_unattainable"
@@ -149,7 +149,7 @@ def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_th
         {"model": "m", "reason": "ttft_slo_unattainable", "measured": "head"},
     )  # fmt: skip
     assert refused_at_head == 1
-    # Were the rest a quarter as dense (375 tokens), it might be in time: no refusal.
+    # Were the rest a quarter as dense (250 tokens), it might be in time: no refusal.
     rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=0.25)
     # The worker holds the whole head: how much more it holds is unknown, so no refusal.
     rig.prefixes.record("p", head_blocks)
