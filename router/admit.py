@@ -122,12 +122,14 @@ class Admission:
     def precheck(self, request: PreparedRequest, pools: Pools) -> bool:
         """Before tokenizing: refuse at once when the queue ahead alone would make it late
         (its own prefill only adds), so an overloaded pool's 429 costs no tokenization.
-        True: a queue is ahead of it (``precheck_head`` may then refuse it)."""
+        True: a queue is ahead of it, or admitted work that a long prompt would wait
+        for (the queue's grant), so ``precheck_head`` may then refuse it."""
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
         forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
         self._refuse_if_late(request, pools, forecast, measured="none")
-        return forecast.queued
+        queue = self._queues.get(request.model)
+        return forecast.queued or bool(queue is not None and queue.admitted_tokens)
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
         """Could the prompt, all of its ``tokens_at_most`` uncached, be refused? If not,

@@ -212,3 +212,12 @@ def test_a_prompt_that_misses_the_slo_even_alone_keeps_the_target():
     assert "served only when the pool is idle" in str(refused.value)
     queued.end()
     assert rig.admit(2500).request.predicted_ttft_s == pytest.approx(2.5, abs=0.05)  # idle
+
+
+def test_admitted_work_a_long_prompt_would_wait_for_lets_its_head_be_measured():
+    rig = Rig()
+    assert not rig.admission.precheck(rig.request(), rig.pools)  # idle: nothing to refuse for
+    held = rig.admit(300)  # granted, its prefill not done: a long prompt waits for it
+    assert rig.admission.precheck(rig.request(), rig.pools)
+    held.grant.release()
+    assert not rig.admission.precheck(rig.request(), rig.pools)
