@@ -18,17 +18,16 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    at once: work that will miss is not worth accepting. A prompt whose own prefill
    alone comes within that margin of the target, or past it but within the SLO, may wait
    up to the margin past its alone time, to the SLO at most (``_line_s``): in a busy
-   fleet some wait is always there. So is a
-   request that would push, on every first-hop worker, a prefill already under way past
-   its deadline (an engine prefills what waits in one step, so later work delays earlier
-   work): admitted requests keep their promise. The grant carries the request's prefill
-   deadline, which the scheduler's ``ttft_budget`` filter keeps to when it picks the
-   worker. Neither refusal falls on a tenant within its weighted share of the queue's
-   limit while another tenant is over its own: that request waits in the queue, where it
-   goes first.
-   A prompt forecast over the SLO itself even on idle workers is served, late, when the
-   pool is idle, and else refused with 429 ``prompt_needs_idle_pool``; with
-   ``refuse_prompts_past_slo``, a 413 (no wait would help it, so no 429);
+   fleet some wait is always there. So is a request that would push, on every first-hop
+   worker, a prefill already under way past its deadline (an engine prefills what waits
+   in one step, so later work delays earlier work): admitted requests keep their
+   promise. The grant carries the request's prefill deadline, which the scheduler's
+   ``ttft_budget`` filter keeps to when it picks the worker. Neither refusal falls on a
+   tenant within its weighted share of the queue's limit while another tenant is over
+   its own: that request waits in the queue, where it goes first. A prompt forecast over
+   the SLO itself even on idle workers is served, late, when the pool is idle, and else
+   refused with 429 ``prompt_needs_idle_pool``; with ``refuse_prompts_past_slo``, a 413
+   (no wait would help it, so no 429);
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
@@ -43,6 +42,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from router.admission_queue import Grant, PrefillQueue, QueueDeadline, QueueFull
 from router.context_window import context_limit
@@ -67,6 +67,10 @@ from router.token_bucket import BucketRate
 from router.ttft_predictor import TTFTPredictor
 
 log = logging.getLogger("pdserve.router")
+
+
+# How much of the prompt was tokenized before a refusal: most of what the refusal cost.
+Measured = Literal["none", "head", "whole"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +314,7 @@ class Admission:
 
     def _refuse_if_late(
         self, request: PreparedRequest, pools: Pools, forecast: _Forecast, *,
-        at_least: bool = False, measured: str = "whole",
+        at_least: bool = False, measured: Measured = "whole",
     ) -> None:  # fmt: skip
         if not self._late(request, forecast) or self._sheltered(request, pools, forecast):
             return
@@ -455,12 +459,12 @@ class Admission:
 
     def _refused(
         self, request: PreparedRequest, reason: str, message: str, *, wait_s: float,
-        measured: str = "whole",
+        measured: Measured = "whole",
     ) -> Overloaded:  # fmt: skip
         self._count_refusal(request, reason, measured)
         return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
 
-    def _count_refusal(self, request: PreparedRequest, reason: str, measured: str) -> None:
+    def _count_refusal(self, request: PreparedRequest, reason: str, measured: Measured) -> None:
         """``measured``: how much of the prompt was tokenized before the refusal (none, its
         head, the whole), which is most of what a refusal costs the router."""
         self._metrics.admission_rejections.labels(request.model, reason).inc()
