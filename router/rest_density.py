@@ -44,7 +44,7 @@ class RestDensity:
         return f"RestDensity(samples={len(self)}, share={self.share():.3f})"
 
     def __len__(self) -> int:
-        return len(self._ratios) if self._learning else 0
+        return len(self._ratios)  # observe() keeps nothing while not learning
 
     def observe(
         self, *, head_tokens: int, head_chars: int, rest_tokens: int, rest_chars: int
