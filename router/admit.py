@@ -25,9 +25,10 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    ``ttft_budget`` filter keeps to when it picks the worker. Neither refusal falls on a
    tenant within its weighted share of the queue's limit while another tenant is over
    its own: that request waits in the queue, where it goes first. A prompt forecast over
-   the SLO itself even on idle workers is served, late, when the pool is idle, and else
-   refused with 429 ``prompt_needs_idle_pool``; with ``refuse_prompts_past_slo``, a 413
-   (no wait would help it, so no 429);
+   the SLO itself even on idle workers, from their measured speed, gets a 413 at once
+   (``refuse_prompts_past_slo``, on by default: no wait would help it, so no 429); with
+   the switch off, or while the speed is only the prior, it is served, late, when the
+   pool is idle, and else refused with 429 ``prompt_needs_idle_pool``;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
@@ -84,6 +85,7 @@ class _Forecast:
     ttft_s: float
     own_prefill_s: float  # its own prefill (and handoff) on the best workers, with no queue
     alone_s: float  # the same on the workers where it is fastest: it cannot beat this
+    alone_measured: bool  # every first-hop worker's alone_s is measured, not the prior
     uncached_tokens: int
     queued: bool  # work is ahead of it somewhere: waiting could help it
     handoff_s: float  # the predicted KV handoff after the prefill (0 colocated)
@@ -131,6 +133,7 @@ class Admission:
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
         forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
+        self._refuse_if_past_slo_alone(request, forecast, at_least=True, measured="none")
         self._refuse_if_late(request, pools, forecast, measured="none")
         queue = self._queues.get(request.model)
         return forecast.queued or bool(queue is not None and queue.admitted_tokens)
@@ -161,6 +164,7 @@ class Admission:
             ).items()
         }
         forecast = self._forecast(request, pools, lacking, lacking)
+        self._refuse_if_past_slo_alone(request, forecast, at_least=True, measured="head")
         self._refuse_if_late(request, pools, forecast, at_least=True, measured="head")
 
     async def admit(self, request: PreparedRequest, pools: Pools, blocks: PromptBlocks) -> Admitted:
@@ -279,18 +283,30 @@ class Admission:
         target_s = slo_s * self._settings.ttft_slo_headroom
         return min(slo_s, max(target_s, forecast.alone_s + slo_s - target_s))
 
-    def _refuse_if_past_slo_alone(self, request: PreparedRequest, forecast: _Forecast) -> None:
+    def _refuse_if_past_slo_alone(
+        self, request: PreparedRequest, forecast: _Forecast, *,
+        at_least: bool = False, measured: Measured = "whole",
+    ) -> None:  # fmt: skip
         """A prompt that would miss the SLO on idle workers: no wait helps it, so with
         ``refuse_prompts_past_slo`` it gets a 413 that says why, not a 429 to retry. The
-        line is the SLO itself, not the target: only a miss the forecast is sure of."""
+        line is the SLO itself, not the target, and the workers' speed must be measured
+        (their probe or their own prefills), not the prior: only a miss the forecast is
+        sure of. ``at_least``: the forecast counts only part of the prompt (before it is
+        tokenized, or from its head), so the prompt is at least that slow: the same
+        answer whether the pool is busy or idle."""
         slo_s = self._slo_s(request)
-        if not self._settings.refuse_prompts_past_slo or forecast.alone_s <= slo_s:
+        if (
+            not self._settings.refuse_prompts_past_slo
+            or forecast.alone_s <= slo_s
+            or not forecast.alone_measured
+        ):
             return
-        self._count_refusal(request, "prompt_exceeds_ttft_slo", "whole")
+        self._count_refusal(request, "prompt_exceeds_ttft_slo", measured)
+        tokens = "" if at_least else f" ({forecast.uncached_tokens} uncached tokens)"
         raise RequestTooLarge(
-            f"this prompt's {forecast.uncached_tokens} uncached tokens are forecast to take "
-            f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
-            f"{slo_s:.2f}s time-to-first-token SLO; shorten the prompt",
+            f"this prompt{tokens} is forecast to take {'at least ' if at_least else ''}"
+            f"{forecast.alone_s:.3g}s to the first token even on idle workers, over the "
+            f"{slo_s:.3g}s time-to-first-token SLO; shorten the prompt",
             param=request.endpoint.prompt_param,
             code="prompt_exceeds_ttft_slo",
         )
@@ -323,8 +339,8 @@ class Admission:
             raise self._refused(
                 request, "prompt_needs_idle_pool",
                 f"this prompt is forecast to take {'at least ' if at_least else ''}"
-                f"{forecast.alone_s:.2f}s to the first token even on idle workers, over the "
-                f"{slo_s:.2f}s time-to-first-token SLO, so it is served only when the pool "
+                f"{forecast.alone_s:.3g}s to the first token even on idle workers, over the "
+                f"{slo_s:.3g}s time-to-first-token SLO, so it is served only when the pool "
                 "is idle; retry later, or shorten it",
                 wait_s=forecast.ttft_s - forecast.alone_s, measured=measured,
             )  # fmt: skip
@@ -332,8 +348,8 @@ class Admission:
             raise self._refused(
                 request, "ttft_slo_unattainable",
                 f"predicted time to first token {'at least ' if at_least else ''}"
-                f"{forecast.ttft_s:.2f}s is over the "
-                f"{line_s:.2f}s target; the prefill queue is full, retry later",
+                f"{forecast.ttft_s:.3g}s is over the "
+                f"{line_s:.3g}s target; the prefill queue is full, retry later",
                 wait_s=forecast.ttft_s - line_s, measured=measured,
             )  # fmt: skip
         raise self._refused(
@@ -393,6 +409,7 @@ class Admission:
                 predictor.prefill_s(w.worker_id, 0, uncached[w.worker_id]) for w in first_hop
             )
             + idle_handoff_s,
+            alone_measured=all(predictor.measured(w.worker_id) for w in first_hop),
             uncached_tokens=own_tokens,
             queued=bool(
                 ahead or grant_wait_s or self._load.of(best.worker_id).tokens or decode_busy
@@ -451,7 +468,7 @@ class Admission:
         except QueueDeadline:
             raise self._refused(
                 request, "queue_deadline",
-                f"waited in the prefill queue past its {line_s:.2f}s TTFT target",
+                f"waited in the prefill queue past its {line_s:.3g}s TTFT target",
                 wait_s=forecast.ttft_s,
             ) from None  # fmt: skip
         self._metrics.stage.labels(request.model, "queue").observe(self._clock() - entered_s)

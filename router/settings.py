@@ -468,10 +468,12 @@ class AdmissionSettings(_Group):
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
     refuse_prompts_past_slo: bool = Field(
-        False,
+        True,
         description="Refuse (413 `prompt_exceeds_ttft_slo`, not retryable) a prompt whose own "
-        "prefill and KV handoff, forecast on idle workers, is over the TTFT SLO: it would "
-        "miss even alone. Off: it is served as fast as the pool can, late.",
+        "prefill and KV handoff, forecast on idle workers from their measured speed (probe or "
+        "own prefills, never the prior), is over the TTFT SLO: it would miss even alone. "
+        "Off: it is served, late, when the pool is idle (429 `prompt_needs_idle_pool` "
+        "while it is not). A deployment serving very long prompts raises the model's SLO.",
     )
     prefill_queue_tokens_per_worker: int = Field(
         16384,

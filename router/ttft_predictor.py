@@ -129,7 +129,15 @@ class TTFTPredictor:
         rate = drain.rate(self._min_samples) if drain is not None else None
         return rate or 1.0 / self._alone_line(worker_id)[1]
 
+    def measured(self, worker_id: str) -> bool:
+        """Whether the worker's prefill alone is forecast from a measurement (its probe or
+        its own prefills), not from ``prior_tokens_per_s``."""
+        return self._measured_line(worker_id) is not None
+
     def _alone_line(self, worker_id: str) -> tuple[float, float]:
+        return self._measured_line(worker_id) or (0.0, self._prior_slope)
+
+    def _measured_line(self, worker_id: str) -> tuple[float, float] | None:
         fit = self._fits.get(worker_id)
         line = _line(fit.solve(self._min_samples)) if fit is not None else None
         if line is not None:
@@ -139,7 +147,7 @@ class TTFTPredictor:
             return seeded
         drain = self._drains.get(worker_id)
         rate = drain.rate(self._min_samples) if drain is not None else None
-        return (0.0, 1.0 / rate if rate else self._prior_slope)
+        return (0.0, 1.0 / rate) if rate else None
 
     def handoff_s(self, decode_worker_id: str, requests: int, pulled_tokens: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with

@@ -333,7 +333,10 @@ async def _tokens(request: SimRequest) -> AsyncIterator[int]:
 async def _whole(
     server: SimServer, http: web.Request, body: dict, request: SimRequest, chat: bool
 ) -> web.Response:
-    ids = [token async for token in _tokens(request)]
+    ids: list[int] = []
+    async for token in _tokens(request):  # timed as streamed ones are, as vLLM does
+        server.metrics.on_token(request, not ids)
+        ids.append(token)
     held = server.engine.leases.get(request.request_id)
     text = "".join(server.tokenizer.decode_one(t) for t in ids)
     choice: dict[str, Any] = {"index": 0, "finish_reason": request.finish_reason}

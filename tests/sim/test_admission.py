@@ -5,6 +5,7 @@ Retry-After and OpenAI's error shape, and predicted-TTFT early rejection costs n
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -100,42 +101,57 @@ def test_over_the_request_rate_is_429_with_retry_after_in_openais_shape(cluster)
     assert post(cluster, {"prompt": "hello", "max_tokens": 2}).status_code == 200
 
 
-# A request refused for its TTFT: behind a queue, or (prompt_needs_idle_pool) past its
-# SLO even alone, so that only an idle pool serves it.
-TTFT_REFUSALS = ("ttft_slo_unattainable", "prompt_needs_idle_pool")
-
-
 def prefill_in_flight(cluster: LocalCluster) -> int:
     workers = cluster.admin("GET", "/admin/v1/pools")["models"][MODEL]["workers"]
     return sum(w["inflight_requests"] for w in workers if w["role"] == "prefill")
 
 
+def prefill_seconds(cluster: LocalCluster) -> float:
+    """Seconds the prefill engines took to their first tokens: their prefills."""
+    return sum(
+        total(scrape(w.engine_url + "/metrics"), "vllm:time_to_first_token_seconds_sum")
+        for w in cluster.workers
+        if w.role == "prefill"
+    )
+
+
+def test_a_prompt_past_its_slo_even_alone_is_a_413_before_any_worker_computes(cluster):
+    """A 1-ms SLO: no wait would help this prompt, so no 429 to retry, on an idle pool."""
+    body = {"prompt": " ".join(["word"] * 2000), "max_tokens": 2}
+    before = engine_prompt_tokens(cluster)
+    response = post(cluster, body, **{"x-pdserve-ttft-slo-ms": "1"})
+    assert_openai_error(response, 413, "prompt_exceeds_ttft_slo")
+    assert "retry-after" not in response.headers
+    assert "even on idle workers" in response.json()["error"]["message"]
+    assert engine_prompt_tokens(cluster) == before
+
+
 def test_a_request_that_cannot_meet_its_ttft_target_behind_a_queue_is_refused_at_once(cluster):
-    prompt = " ".join(["word"] * 2000)
-    body = {"prompt": prompt, "max_tokens": 2}
-    slo = {"x-pdserve-ttft-slo-ms": "1"}
-    # Alone on idle workers a request is as fast as it can be: admitted, whatever it asks.
-    assert post(cluster, body, **slo).status_code == 200
-    # Behind a queue (a prefill the engine is told to run 100x slower) it is refused.
-    assert set_faults(cluster, "prefill-0", slowdown=100).status_code == 200
+    body = {"prompt": " ".join(["word"] * 2000), "max_tokens": 2}
+    # Alone on idle workers: admitted, with its forecast (the second counts what the
+    # first taught the predictor).
+    for _ in range(2):
+        alone = post(cluster, body)
+        assert alone.status_code == 200, alone.text
+    alone_ms = float(alone.headers["x-pdserve-predicted-ttft-ms"])
+    # An SLO it meets alone with a fifth to spare, which 3001 tokens queued ahead break.
+    slo = {"x-pdserve-ttft-slo-ms": str(math.ceil(alone_ms * 1.25))}
+    # Behind a queue (a prefill the engine is told to run 20x slower) it is refused.
+    assert set_faults(cluster, "prefill-0", slowdown=20).status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        # 1501 tokens: its prefill may finish during the check, and must be told apart.
-        ahead_prompt = " ".join(["queue"] * 1501)
+        # 3001 tokens: its prefill may finish during the check, and must be told apart.
+        ahead_prompt = " ".join(["queue"] * 3001)
         ahead = pool.submit(post, cluster, {"prompt": ahead_prompt, "max_tokens": 1})
         try:
             wait_for(lambda: prefill_in_flight(cluster) > 0, 30, "a prefill in flight")
             before = engine_prompt_tokens(cluster)
-            refused = sum(rejections(cluster, reason) for reason in TTFT_REFUSALS)
+            refused = rejections(cluster, "ttft_slo_unattainable")
             response = post(cluster, body, **slo)
-            # A 1-ms SLO is past the prompt's own time too: once the predictor has learned
-            # the engine's fixed cost, the refusal says so (served only on an idle pool).
-            code = response.json().get("error", {}).get("code")
-            assert code in TTFT_REFUSALS, response.text
-            assert_openai_error(response, 429, code)
+            assert_openai_error(response, 429, "ttft_slo_unattainable")
             assert int(response.headers["retry-after"]) >= 1
-            assert sum(rejections(cluster, reason) for reason in TTFT_REFUSALS) == refused + 1
+            assert rejections(cluster, "ttft_slo_unattainable") == refused + 1
             # No engine saw the refused prompt (2000 tokens); the one ahead may have finished.
-            assert engine_prompt_tokens(cluster) - before in (0, 1501, 2 * 1501)  # P, then D
+            assert engine_prompt_tokens(cluster) - before in (0, 3001, 2 * 3001)  # P, then D
         finally:
             set_faults(cluster, "prefill-0", slowdown=1)
         assert ahead.result(timeout=60).status_code == 200
@@ -148,16 +164,27 @@ def test_a_request_that_would_make_an_admitted_one_late_is_refused(cluster):
     near, even a short prompt would delay it. Refused, though it would be in time itself."""
     short = {"prompt": "a short one", "max_tokens": 1}
     assert post(cluster, short).status_code == 200  # on an idle pool: admitted
-    assert set_faults(cluster, "prefill-0", slowdown=100).status_code == 200
+    # The urgent request's SLO: a quarter over what the predictor forecasts for a prompt
+    # like it alone (an earlier test's slowed prefill may have taught it a slow engine),
+    # and the engine slowed until its prefill runs well past that.
+    prefilled_s = prefill_seconds(cluster)
+    alone = post(cluster, {"prompt": "alone " + "urgent " * 99, "max_tokens": 1})
+    assert alone.status_code == 200, alone.text
+    alone_ms = (prefill_seconds(cluster) - prefilled_s) * 1000
+    slo_ms = math.ceil(float(alone.headers["x-pdserve-predicted-ttft-ms"]) * 1.25)
+    slowdown = min(10_000, max(100, math.ceil(3 * slo_ms / alone_ms)))
+    assert set_faults(cluster, "prefill-0", slowdown=slowdown).status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        urgent = {"prompt": " ".join(["urgent"] * 100), "max_tokens": 1}
+        urgent = {"prompt": "later " + "urgent " * 99, "max_tokens": 1}
         sent_s = time.monotonic()
-        ahead = pool.submit(post, cluster, urgent, **{"x-pdserve-ttft-slo-ms": "300"})
+        ahead = pool.submit(post, cluster, urgent, **{"x-pdserve-ttft-slo-ms": str(slo_ms)})
         try:
-            # Its deadline is at most its 300-ms SLO after it was sent (admission may give
-            # a prompt slow alone up to the SLO itself); its prefill, 100x slowed, runs on.
-            wait_for(lambda: time.monotonic() - sent_s > 0.3 and prefill_in_flight(cluster) > 0,
+            # Its deadline is at most its SLO after it was sent (admission may give a
+            # prompt slow alone up to the SLO itself); its prefill, slowed, runs on.
+            wait_for(lambda: ahead.done() or (time.monotonic() - sent_s > slo_ms / 1000
+                                              and prefill_in_flight(cluster) > 0),
                      30, "the urgent prefill in flight past its deadline")  # fmt: skip
+            assert not ahead.done(), ahead.result().text
             response = post(cluster, short)
             assert_openai_error(response, 429, "ttft_slo_unattainable")
             assert "already admitted" in response.json()["error"]["message"]

@@ -35,12 +35,14 @@ def worker(worker_id: str, role: WorkerRole) -> WorkerState:
 
 
 class Rig:
-    def __init__(self, **settings: object) -> None:
+    def __init__(self, *, probed: bool = True, **settings: object) -> None:
         self.now = 0.0
         clock = lambda: self.now  # noqa: E731
         self.load = InFlightLoad()
         self.hashers = BlockHashers(memo_entries=1000)
         self.predictor = TTFTPredictor(prior_tokens_per_s=RATE)
+        if probed:  # the agent's probe on the fresh engine: the same line, but measured
+            self.predictor.seed("p", [(500, 500 / RATE), (2000, 2000 / RATE)])
         stats = RoutingStats(hotspot_window_requests=100)
         self.prefixes = prefixes = PrefixTracker(IndexSettings(), clock=clock,
                                                  on_event=lambda *_: None)  # fmt: skip
@@ -166,17 +168,18 @@ def test_a_prompt_that_could_not_be_refused_even_all_uncached_is_not_measured_in
     assert not opened.admission.could_refuse(opened.request(), opened.pools, 10**6)
 
 
-def test_a_prompt_that_would_miss_the_slo_alone_is_refused_for_good_only_when_asked():
+def test_a_prompt_that_would_miss_the_slo_alone_is_refused_for_good_when_that_is_measured():
     """1800 tokens at 1000 tok/s, plus a handoff that grows with the KV pulled: 1.8 s of
-    prefill and 0.36 s of handoff on idle workers, over the 2 s SLO. By default it is
-    served (late, as fast as it can be); with ``refuse_prompts_past_slo`` it is a 413
-    that no retry would change, not a 429."""
-    strict = Rig(refuse_prompts_past_slo=True)
-    default = Rig()
-    for rig in (strict, default):
+    prefill and 0.36 s of handoff on idle workers, over the 2 s SLO. By default it is a
+    413 that no retry would change, not a 429. Served (late, as fast as it can be) with
+    ``refuse_prompts_past_slo`` off, or while the prefill worker's speed is only the
+    prior: a cold pool does not refuse for good on a guess."""
+    strict, lenient, unprobed = Rig(), Rig(refuse_prompts_past_slo=False), Rig(probed=False)
+    for rig in (strict, lenient, unprobed):
         for requests, pulled in ((1, 100), (2, 1000), (1, 2000), (3, 400)):
             rig.predictor.observe_handoff("d", requests, pulled, 0.01 * requests + pulled / 5000)
-    assert default.admit(1800).request.predicted_ttft_s == pytest.approx(1.8 + 0.01 + 0.36)
+    for rig in (lenient, unprobed):
+        assert rig.admit(1800).request.predicted_ttft_s == pytest.approx(1.8 + 0.01 + 0.36)
     with pytest.raises(RequestTooLarge) as refused:
         strict.admit(1800)
     assert refused.value.status == 413 and refused.value.code == "prompt_exceeds_ttft_slo"
@@ -203,8 +206,32 @@ def test_a_long_prompt_may_wait_up_to_the_margin_past_its_own_time_within_the_sl
     assert refused.value.code == "ttft_slo_unattainable"
 
 
+def test_a_slo_even_an_empty_prompt_misses_is_the_same_413_before_tokenizing_busy_or_idle():
+    """A handoff of 10 ms at the least, and a client's SLO of 5 ms: no prompt can meet it.
+    The check before tokenizing says so, whether the pool is busy or idle, rather than a
+    429 (retry) while busy and a 413 once idle."""
+    rigs = Rig(), Rig(refuse_prompts_past_slo=False)
+    for rig in rigs:
+        for requests, pulled in ((1, 100), (2, 1000), (1, 2000), (3, 400)):
+            rig.predictor.observe_handoff("d", requests, pulled, 0.01 * requests + pulled / 5000)
+    strict, lenient = rigs
+    for busy in (False, True):
+        queued = strict.load.begin("p", 100) if busy else None
+        with pytest.raises(RequestTooLarge) as refused:
+            strict.admission.precheck(strict.request(slo_s=0.005), strict.pools)
+        assert refused.value.code == "prompt_exceeds_ttft_slo"
+        assert "at least 0.01s to the first token even on idle workers" in str(refused.value)
+        assert "over the 0.005s time-to-first-token SLO" in str(refused.value)
+        if queued is not None:
+            queued.end()
+    lenient.load.begin("p", 100)
+    with pytest.raises(Overloaded) as refused:
+        lenient.admission.precheck(lenient.request(slo_s=0.005), lenient.pools)
+    assert refused.value.code == "prompt_needs_idle_pool"
+
+
 def test_a_prompt_that_misses_the_slo_even_alone_keeps_the_target():
-    rig = Rig(ttft_slo_headroom=0.8)
+    rig = Rig(ttft_slo_headroom=0.8, refuse_prompts_past_slo=False)
     queued = rig.load.begin("p", 100)  # 0.1 s queued
     with pytest.raises(Overloaded) as refused:  # 2.5 s alone: a wait is no help to it
         rig.admit(2500)
