@@ -129,14 +129,19 @@ class Admission:
         """Before tokenizing: refuse at once when the queue ahead alone would make it late
         (its own prefill only adds), so an overloaded pool's 429 costs no tokenization.
         True: a queue is ahead of it, or admitted work that a long prompt would wait
-        for (the queue's grant), so ``precheck_head`` may then refuse it."""
+        for (the queue's grant), or a long prompt may miss the SLO even alone, so
+        ``precheck_head`` may then refuse it."""
         if not (pools.first_hop and (pools.colocated or pools.decode)):
             return False
         forecast = self._forecast(request, pools, _each(pools.first_hop, 0), _each(pools.decode, 0))
         self._refuse_if_past_slo_alone(request, forecast, at_least=True, measured="none")
         self._refuse_if_late(request, pools, forecast, measured="none")
         queue = self._queues.get(request.model)
-        return forecast.queued or bool(queue is not None and queue.admitted_tokens)
+        return (
+            forecast.queued
+            or bool(queue is not None and queue.admitted_tokens)
+            or (self._settings.refuse_prompts_past_slo and forecast.alone_measured)
+        )
 
     def could_refuse(self, request: PreparedRequest, pools: Pools, tokens_at_most: int) -> bool:
         """Could the prompt, all of its ``tokens_at_most`` uncached, be refused? If not,
@@ -145,7 +150,9 @@ class Admission:
             request, pools, _each(pools.first_hop, tokens_at_most),
             _each(pools.decode, tokens_at_most),
         )  # fmt: skip
-        return self._late(request, forecast) and not self._sheltered(request, pools, forecast)
+        return self._past_slo_alone(request, forecast) or (
+            self._late(request, forecast) and not self._sheltered(request, pools, forecast)
+        )
 
     def precheck_head(
         self, request: PreparedRequest, pools: Pools, head: PromptHead, *, rest_share: float
@@ -294,13 +301,9 @@ class Admission:
         sure of. ``at_least``: the forecast counts only part of the prompt (before it is
         tokenized, or from its head), so the prompt is at least that slow: the same
         answer whether the pool is busy or idle."""
-        slo_s = self._slo_s(request)
-        if (
-            not self._settings.refuse_prompts_past_slo
-            or forecast.alone_s <= slo_s
-            or not forecast.alone_measured
-        ):
+        if not self._past_slo_alone(request, forecast):
             return
+        slo_s = self._slo_s(request)
         self._count_refusal(request, "prompt_exceeds_ttft_slo", measured)
         tokens = "" if at_least else f" ({forecast.uncached_tokens} uncached tokens)"
         raise RequestTooLarge(
@@ -309,6 +312,13 @@ class Admission:
             f"{slo_s:.3g}s time-to-first-token SLO; shorten the prompt",
             param=request.endpoint.prompt_param,
             code="prompt_exceeds_ttft_slo",
+        )
+
+    def _past_slo_alone(self, request: PreparedRequest, forecast: _Forecast) -> bool:
+        return (
+            self._settings.refuse_prompts_past_slo
+            and forecast.alone_measured
+            and forecast.alone_s > self._slo_s(request)
         )
 
     def _sheltered(self, request: PreparedRequest, pools: Pools, forecast: _Forecast) -> bool:

@@ -242,9 +242,30 @@ def test_a_prompt_that_misses_the_slo_even_alone_keeps_the_target():
 
 
 def test_admitted_work_a_long_prompt_would_wait_for_lets_its_head_be_measured():
-    rig = Rig()
+    rig = Rig(refuse_prompts_past_slo=False)
     assert not rig.admission.precheck(rig.request(), rig.pools)  # idle: nothing to refuse for
     held = rig.admit(300)  # granted, its prefill not done: a long prompt waits for it
     assert rig.admission.precheck(rig.request(), rig.pools)
     held.grant.release()
     assert not rig.admission.precheck(rig.request(), rig.pools)
+
+
+def test_on_an_idle_pool_a_head_is_measured_only_if_the_prompt_could_miss_the_slo_alone():
+    rig = Rig()  # SLO 2 s at 1000 tokens/s, the speed measured by the probe
+    assert rig.admission.precheck(rig.request(), rig.pools)  # idle, but the head may tell
+    assert not rig.admission.could_refuse(rig.request(), rig.pools, tokens_at_most=1500)
+    assert rig.admission.could_refuse(rig.request(), rig.pools, tokens_at_most=2500)
+    unprobed = Rig(probed=False)  # on the prior alone, nothing is refused for good
+    assert not unprobed.admission.precheck(unprobed.request(), unprobed.pools)
+    assert not unprobed.admission.could_refuse(unprobed.request(), unprobed.pools, 2500)
+    # Its head proves it: 512 tokens in 2048 characters, and 8000 more at that density.
+    head_ids = list(range(512))
+    head_blocks = rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256", seed=None)
+    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=8000)
+    with pytest.raises(RequestTooLarge) as refused:
+        rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
+    assert refused.value.code == "prompt_exceeds_ttft_slo"
+    assert rig.metrics.prometheus.get_sample_value(
+        "pdserve_admission_rejection_seconds_count",
+        {"model": "m", "reason": "prompt_exceeds_ttft_slo", "measured": "head"},
+    ) == 1  # fmt: skip
