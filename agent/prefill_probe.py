@@ -5,7 +5,9 @@ own prefills (``router.ttft_predictor``). A new worker has none yet, and a fixed
 rate was wrong by 2x or more on the first seconds of a burst (the admission benchmark's
 misses). So the agent times a few prompts of distinct sizes, each starting with a nonce
 (no prefix-cache hit), with ``max_tokens=1``, and reports (prompt tokens, seconds) in its
-registration; the router seeds that worker's line with them.
+registration; the router seeds that worker's curve with them. Three sizes, because a
+long prompt costs more per token than a short one (attention): two only give a line,
+which forecasts long prompts early.
 
 The first call warms the engine up and is not reported. A probe that fails reports
 nothing: the router then keeps its prior for the worker.
@@ -36,7 +38,7 @@ async def measure_prefill(
     engine_url: str,
     model: str,
     *,
-    sizes_words: tuple[int, ...] = (128, 1024),
+    sizes_words: tuple[int, ...] = (128, 1024, 4096),
     repeats: int = 2,
     max_model_len: int | None = None,
     timeout_s: float = 60.0,

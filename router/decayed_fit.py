@@ -7,6 +7,8 @@ Invariants:
   slope fitted from noise would promise work for free. A feature whose slope comes out
   negative, or that the samples do not vary (or vary only together with another), is
   left out and the rest refitted; the intercept is never below 0.
+- Of subsets that explain the samples alike, the one over earlier features wins: list
+  the simplest (the one to extrapolate with) first.
 - With no usable feature, only the mean rate over the first feature is known: the line
   through the origin and the means (``y / x_0``), or nothing while ``x_0`` is 0.
 
@@ -67,7 +69,9 @@ class DecayedFit:
                 if slopes is None or min(slopes) <= 0:
                     continue
                 explained = sum(b * cov_y[i] for b, i in zip(slopes, subset, strict=True))
-                if best is None or explained > best[0]:
+                # Ties (two sizes fit a line and a square alike) keep the earlier
+                # features: callers list the simplest first.
+                if best is None or explained > best[0] * (1 + 1e-9) + 1e-15:
                     best = (explained, dict(zip(subset, slopes, strict=True)))
             if best is not None:
                 break  # the most features that fit; fewer only when none of these do

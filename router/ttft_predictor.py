@@ -3,12 +3,17 @@
 Model, per first-hop worker, for a request sent now with ``queued`` uncached prompt
 tokens ahead of it there (this router's count) and ``own`` of its own:
 
-    prefill seconds = intercept + slope x own + queued / drain rate
+    prefill seconds = intercept + a x own + b x own^2 / 1000 + queued / drain rate
 
-- ``intercept + slope x own`` is a prefill alone: fitted by exponentially weighted least
-  squares over the worker's prefills that had nothing else under way there (``decay``
-  per sample), and until ``min_samples`` of them, the line fitted to the prefill probe
-  its agent ran on the fresh engine (``seed``), or without one, ``prior_tokens_per_s``.
+- ``intercept + a x own + b x own^2 / 1000`` is a prefill alone: fitted by exponentially
+  weighted least squares over the worker's prefills that had nothing else under way
+  there (``decay`` per sample), and until ``min_samples`` of them, the curve fitted to
+  the prefill probe its agent ran on the fresh engine (``seed``), or without one,
+  ``prior_tokens_per_s``. The square is attention: each token attends to every one
+  before it, so a long prompt costs more per token than a short one. A line fitted on
+  the probe's short prompts forecast the longest prompts 1-6% early, and a prompt at
+  the SLO's edge came in late (admission runs 26-27). Both coefficients are never
+  negative (``decayed_fit``); a fit that cannot tell them apart is a line.
 - the drain rate is how fast the worker gets through a queue: the tokens of each prefill
   that ends while others were under way at the previous end, over the seconds since that
   end (busy time), exponentially weighted by busy time (``drain_half_life_s``).
@@ -92,62 +97,65 @@ class TTFTPredictor:
         self._decay = decay
         self._drain_half_life_s = drain_half_life_s
         self._min_samples = min_samples
-        self._fits: dict[str, DecayedFit] = {}  # alone prefill seconds over (own tokens)
+        # alone prefill seconds over (own tokens, own tokens^2 / 1000)
+        self._fits: dict[str, DecayedFit] = {}
         # handoff seconds over (requests in flight there, prompt tokens the worker pulls)
         self._handoff_fits: dict[str, DecayedFit] = {}
         self._pool_handoff = DecayedFit(2)  # every decode worker's, for one without its own
         self._drains: dict[str, _Drain] = {}
-        self._seeded: dict[str, tuple[float, float]] = {}  # worker -> probe's line
+        self._seeded: dict[str, _Curve] = {}  # worker -> the probe's curve
 
     def __repr__(self) -> str:
         return f"TTFTPredictor(workers={len(self._fits)})"
 
     def seed(self, worker_id: str, probe: Sequence[tuple[int, float]]) -> None:
-        """A (re)started worker's probe: its line until its own prefills teach one. Its
-        earlier fit is dropped (a new engine may be another speed)."""
+        """A (re)started worker's probe: its curve until its own prefills teach one. Its
+        earlier fit is dropped (a new engine may be another speed). Three sizes or more
+        are needed to see the square; with two it is a line."""
         self._fits.pop(worker_id, None)
         self._seeded.pop(worker_id, None)
         self._drains.pop(worker_id, None)
-        fit = DecayedFit()
+        fit = _alone_fit()
         for tokens, seconds in probe:
             if tokens > 0 and seconds > 0:
-                fit.add((float(tokens),), seconds, 1.0)
-        line = _line(fit.solve(1))
-        if line is not None:
+                fit.add(_alone_x(tokens), seconds, 1.0)
+        curve = _curve(fit.solve(1))
+        if curve is not None:
             if len(self._seeded) >= self._max_workers:
                 del self._seeded[next(iter(self._seeded))]
-            self._seeded[worker_id] = line
+            self._seeded[worker_id] = curve
 
     def prefill_s(self, worker_id: str, queued_tokens: int, own_tokens: int) -> float:
         """Seconds until this worker has prefilled a request sent to it now."""
-        intercept, slope = self._alone_line(worker_id)
-        return intercept + slope * own_tokens + queued_tokens / self.tokens_per_s(worker_id)
+        return self._alone_curve(worker_id).seconds(own_tokens) + queued_tokens / self.tokens_per_s(
+            worker_id
+        )
 
     def tokens_per_s(self, worker_id: str) -> float:
         """How fast the worker gets through a queue."""
         drain = self._drains.get(worker_id)
         rate = drain.rate(self._min_samples) if drain is not None else None
-        return rate or 1.0 / self._alone_line(worker_id)[1]
+        return rate or self._alone_curve(worker_id).tokens_per_s()
 
     def measured(self, worker_id: str) -> bool:
         """Whether the worker's prefill alone is forecast from a measurement (its probe or
         its own prefills), not from ``prior_tokens_per_s``."""
-        return self._measured_line(worker_id) is not None
+        return self._measured_curve(worker_id) is not None
 
-    def _alone_line(self, worker_id: str) -> tuple[float, float]:
-        return self._measured_line(worker_id) or (0.0, self._prior_slope)
+    def _alone_curve(self, worker_id: str) -> _Curve:
+        return self._measured_curve(worker_id) or _Curve(0.0, self._prior_slope, 0.0)
 
-    def _measured_line(self, worker_id: str) -> tuple[float, float] | None:
+    def _measured_curve(self, worker_id: str) -> _Curve | None:
         fit = self._fits.get(worker_id)
-        line = _line(fit.solve(self._min_samples)) if fit is not None else None
-        if line is not None:
-            return line
+        curve = _curve(fit.solve(self._min_samples)) if fit is not None else None
+        if curve is not None:
+            return curve
         seeded = self._seeded.get(worker_id)
         if seeded is not None:
             return seeded
         drain = self._drains.get(worker_id)
         rate = drain.rate(self._min_samples) if drain is not None else None
-        return (0.0, 1.0 / rate) if rate else None
+        return _Curve(0.0, 1.0 / rate, 0.0) if rate else None
 
     def handoff_s(self, decode_worker_id: str, requests: int, pulled_tokens: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with
@@ -192,8 +200,8 @@ class TTFTPredictor:
         alone = mark.alone and drain.finished_tokens == mark.finished_tokens
         drain.finished_tokens += own_tokens
         if alone:
-            _of_worker(self._fits, mark.worker_id, self._max_workers, DecayedFit).add(
-                (float(own_tokens),), ended_s - mark.sent_s, self._decay
+            _of_worker(self._fits, mark.worker_id, self._max_workers, _alone_fit).add(
+                _alone_x(own_tokens), ended_s - mark.sent_s, self._decay
             )
 
     def observe_handoff(
@@ -209,9 +217,34 @@ def _plane() -> DecayedFit:
     return DecayedFit(2)
 
 
-def _line(fit: tuple[float, tuple[float, ...]] | None) -> tuple[float, float] | None:
-    """(intercept_s, slope_s_per_token) of a one-feature fit."""
-    return None if fit is None else (fit[0], fit[1][0])
+def _alone_fit() -> DecayedFit:
+    return DecayedFit(2)
+
+
+def _alone_x(tokens: int) -> tuple[float, float]:
+    return float(tokens), tokens * tokens / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    """A prefill alone: ``intercept_s + s_per_token x n + s_per_ktoken_pair x n^2 / 1000``."""
+
+    intercept_s: float
+    s_per_token: float
+    s_per_ktoken_pair: float
+
+    def seconds(self, tokens: int) -> float:
+        return self.intercept_s + tokens * (
+            self.s_per_token + self.s_per_ktoken_pair * tokens / 1000
+        )
+
+    def tokens_per_s(self) -> float:
+        """Its throughput for a queue of 1000-token prompts, the fixed cost left out."""
+        return 1.0 / max(1e-12, self.s_per_token + self.s_per_ktoken_pair)
+
+
+def _curve(fit: tuple[float, tuple[float, ...]] | None) -> _Curve | None:
+    return None if fit is None else _Curve(fit[0], *fit[1])
 
 
 def _of_worker(
