@@ -408,22 +408,25 @@ class Admission:
         over_limit = admitted + ahead + own_tokens - limit
         grant_wait_s = min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
         handoff_s, idle_handoff_s, decode_busy = self._handoff(pools, pulled)
+        ttft_s = handoff_s + max(
+            prefill_s[best.worker_id] + ahead / pool_tokens_per_s,
+            grant_wait_s + predictor.prefill_s(best.worker_id, 0, own_tokens),
+        )
+        alone_s = idle_handoff_s + min(
+            predictor.prefill_s(w.worker_id, 0, uncached[w.worker_id]) for w in first_hop
+        )
         return _Forecast(
-            ttft_s=max(
-                prefill_s[best.worker_id] + ahead / pool_tokens_per_s,
-                grant_wait_s + predictor.prefill_s(best.worker_id, 0, own_tokens),
-            )
-            + handoff_s,
+            ttft_s=ttft_s,
             own_prefill_s=predictor.prefill_s(best.worker_id, 0, own_tokens) + idle_handoff_s,
-            alone_s=min(
-                predictor.prefill_s(w.worker_id, 0, uncached[w.worker_id]) for w in first_hop
-            )
-            + idle_handoff_s,
+            alone_s=alone_s,
             alone_measured=all(predictor.measured(w.worker_id) for w in first_hop),
             uncached_tokens=own_tokens,
+            # Slower than it could be: work ahead, or its fastest workers busy (one that
+            # holds its prefix is queued, so an idle one without it is best).
             queued=bool(
                 ahead or grant_wait_s or self._load.of(best.worker_id).tokens or decode_busy
-            ),
+            )
+            or ttft_s > alone_s * (1 + 1e-9),
             handoff_s=handoff_s,
             crowded=not roomy,
         )

@@ -269,3 +269,25 @@ def test_on_an_idle_pool_a_head_is_measured_only_if_the_prompt_could_miss_the_sl
         "pdserve_admission_rejection_seconds_count",
         {"model": "m", "reason": "prompt_exceeds_ttft_slo", "measured": "head"},
     ) == 1  # fmt: skip
+
+
+def test_a_prompt_slower_than_it_could_be_because_its_prefix_holder_is_busy_is_refused():
+    """p holds the first 1600 of 2100 tokens (0.5 s alone there) but has 1.8 s queued; q,
+    idle, lacks them all (2.1 s). Nothing is queued where it would go, yet it would miss
+    the 2 s SLO only because of p's queue: a 429 to retry, not an admission (it was
+    admitted, forecast over the SLO, and came in late in admission run 28)."""
+    rig = Rig()
+    rig.predictor.seed("q", [(500, 500 / RATE), (2000, 2000 / RATE)])
+    pools = Pools(prefill=[*rig.pools.prefill, worker("q", WorkerRole.PREFILL)],
+                  decode=rig.pools.decode, colocated=[])  # fmt: skip
+    ids = list(range(2100))
+    blocks = rig.hashers.blocks(ids, block_size=16, algorithm="sha256", seed=None)
+    rig.prefixes.record("p", rig.hashers.blocks(ids[:1600], block_size=16,
+                                                algorithm="sha256", seed=None))  # fmt: skip
+    queued = rig.load.begin("p", 1800)
+    with pytest.raises(Overloaded) as refused:
+        asyncio.run(rig.admission.admit(rig.request(), pools, blocks))
+    assert refused.value.code == "ttft_slo_unattainable"
+    queued.end()  # p is free again: 0.5 s there
+    admitted = asyncio.run(rig.admission.admit(rig.request(), pools, blocks))
+    assert admitted.request.predicted_ttft_s == pytest.approx(0.5, abs=0.01)
