@@ -391,22 +391,9 @@ class Admission:
 
         roomy = [w for w in first_hop if not crowds(w)]
         best = min(roomy or first_hop, key=lambda w: prefill_s[w.worker_id])
-        queue = self._queues.get(request.model)
         own_tokens = uncached[best.worker_id]
-        ahead = admitted = 0
-        if queue is not None:
-            ahead = queue.tokens_ahead(
-                priority=request.priority, tenant=request.tenant.name,
-                weight=request.tenant.policy.weight, cost=own_tokens,
-            )  # fmt: skip
-            admitted = queue.admitted_tokens
         pool_tokens_per_s = sum(predictor.tokens_per_s(w.worker_id) for w in first_hop)
-        # The queue grants it once what is admitted (and ahead of it) has drained enough to
-        # fit it under the limit, all of it for a prompt over the limit: a long prompt
-        # behind a busy pool waits for the pool to empty, which the queue ahead misses.
-        limit = self._queue_limit_tokens(request.model, first_hop, pool_tokens_per_s)
-        over_limit = admitted + ahead + own_tokens - limit
-        grant_wait_s = min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
+        ahead, grant_wait_s = self._router_queue(request, first_hop, own_tokens, pool_tokens_per_s)
         handoff_s, idle_handoff_s, decode_busy = self._handoff(pools, pulled)
         ttft_s = handoff_s + max(
             prefill_s[best.worker_id] + ahead / pool_tokens_per_s,
@@ -430,6 +417,26 @@ class Admission:
             handoff_s=handoff_s,
             crowded=not roomy,
         )
+
+    def _router_queue(
+        self, request: PreparedRequest, first_hop: Sequence[WorkerState], own_tokens: int,
+        pool_tokens_per_s: float,
+    ) -> tuple[int, float]:  # fmt: skip
+        """The uncached tokens ahead of it in the router's queue, and its wait for the grant."""
+        queue = self._queues.get(request.model)
+        if queue is None:
+            return 0, 0.0
+        ahead = queue.tokens_ahead(
+            priority=request.priority, tenant=request.tenant.name,
+            weight=request.tenant.policy.weight, cost=own_tokens,
+        )  # fmt: skip
+        admitted = queue.admitted_tokens
+        # The queue grants it once what is admitted (and ahead of it) has drained enough to
+        # fit it under the limit, all of it for a prompt over the limit: a long prompt
+        # behind a busy pool waits for the pool to empty, which the queue ahead misses.
+        limit = self._queue_limit_tokens(request.model, first_hop, pool_tokens_per_s)
+        over_limit = admitted + ahead + own_tokens - limit
+        return ahead, min(admitted + ahead, max(0, over_limit)) / pool_tokens_per_s
 
     def _handoff(self, pools: Pools, pulled: dict[str, int]) -> tuple[float, float, bool]:
         """The KV handoff on the best decode worker now and on an idle one, and whether
