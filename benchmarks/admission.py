@@ -403,6 +403,11 @@ def plot(report: dict, path: Path) -> None:
         labels = ["alone_on", "both_on", "both_off"]
         axes[3].bar(labels, [tenant_run[k]["polite"]["ttft_ms"]["p99"] or 0 for k in labels])
         axes[3].set_title("polite tenant's TTFT p99 (ms)")
+    for axis, scenario in zip(axes, ("overload", "overload", "storm", "tenants"), strict=True):
+        if not report.get(scenario):  # say so rather than leave an empty frame
+            axis.clear()
+            axis.set_axis_off()
+            axis.text(0.5, 0.5, f"{scenario}: not in this run", ha="center", va="center")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 

@@ -14,8 +14,9 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    prefill is spent on it (checked again after the queue wait);
 4. predicted TTFT (``ttft_predictor``) on the best first-hop worker, plus its fair share
    of the router's queue and the decode handoff: over ``ttft_slo_headroom`` x the SLO
-   (the model's, or the client's if lower), and only when a queue is the cause, is a 429
-   at once: work that will miss is not worth accepting. A prompt whose own prefill
+   (the model's, or the client's if lower), and only when a queue is the cause (work
+   ahead, or its fastest workers busy), is a 429 at once: work that will miss is not
+   worth accepting. A prompt whose own prefill
    alone comes within that margin of the target, or past it but within the SLO, may wait
    up to the margin past its alone time, to the SLO at most (``_line_s``): in a busy
    fleet some wait is always there. So is a request that would push, on every first-hop
