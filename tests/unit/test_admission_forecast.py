@@ -64,6 +64,20 @@ class Rig:
             model="m", stream=False, arrived_s=self.now, requested_model="m", ttft_slo_s=slo_s,
         )  # fmt: skip
 
+    def blocks(self, ids: list[int]) -> PromptBlocks:
+        return self.hashers.blocks(ids, block_size=16, algorithm="sha256", seed=None)
+
+    def head(self, *, rest_chars: int) -> PromptHead:
+        """A long prompt's first 2048 characters, measured: 512 tokens."""
+        return PromptHead(self.blocks(list(range(512))), tokens=512, chars=2048,
+                          rest_chars=rest_chars)  # fmt: skip
+
+    def refusals_timed(self, reason: str, measured: str) -> float | None:
+        return self.metrics.prometheus.get_sample_value(
+            "pdserve_admission_rejection_seconds_count",
+            {"model": "m", "reason": reason, "measured": measured},
+        )  # fmt: skip
+
     def admit(self, tokens: int, *, slo_s: float | None = None):
         return asyncio.run(
             self.admission.admit(
@@ -137,24 +151,18 @@ def test_a_tenant_within_its_share_waits_in_the_queue_instead_of_paying_for_anot
 def test_a_long_prompt_whose_cached_prefix_ends_in_its_head_is_refused_before_the_rest():
     rig = Rig()
     rig.load.begin("p", 1000)  # 1 s queued: alone, not a reason to refuse
-    head_ids = list(range(512))
     # 512 tokens in 2048 characters, then 4000 more: 1000 tokens at the head's density.
-    head_blocks = rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256", seed=None)
-    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=4000)
+    head = rig.head(rest_chars=4000)
     # Nothing of it is cached: at least 512 + 1000 tokens, 1.5 s, after the queue's 1 s.
     with pytest.raises(Overloaded) as refused:
         rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
     assert refused.value.code == "ttft_slo_unattainable"
     assert "at least" in str(refused.value)
-    refused_at_head = rig.metrics.prometheus.get_sample_value(
-        "pdserve_admission_rejection_seconds_count",
-        {"model": "m", "reason": "ttft_slo_unattainable", "measured": "head"},
-    )  # fmt: skip
-    assert refused_at_head == 1
+    assert rig.refusals_timed("ttft_slo_unattainable", "head") == 1
     # Were the rest a quarter as dense (250 tokens), it might be in time: no refusal.
     rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=0.25)
     # The worker holds the whole head: how much more it holds is unknown, so no refusal.
-    rig.prefixes.record("p", head_blocks)
+    rig.prefixes.record("p", head.blocks)
     rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
 
 
@@ -259,16 +267,11 @@ def test_on_an_idle_pool_a_head_is_measured_only_if_the_prompt_could_miss_the_sl
     assert not unprobed.admission.precheck(unprobed.request(), unprobed.pools)
     assert not unprobed.admission.could_refuse(unprobed.request(), unprobed.pools, 2500)
     # Its head proves it: 512 tokens in 2048 characters, and 8000 more at that density.
-    head_ids = list(range(512))
-    head_blocks = rig.hashers.blocks(head_ids, block_size=16, algorithm="sha256", seed=None)
-    head = PromptHead(head_blocks, tokens=512, chars=2048, rest_chars=8000)
     with pytest.raises(RequestTooLarge) as refused:
-        rig.admission.precheck_head(rig.request(), rig.pools, head, rest_share=1.0)
+        rig.admission.precheck_head(rig.request(), rig.pools, rig.head(rest_chars=8000),
+                                    rest_share=1.0)  # fmt: skip
     assert refused.value.code == "prompt_exceeds_ttft_slo"
-    assert rig.metrics.prometheus.get_sample_value(
-        "pdserve_admission_rejection_seconds_count",
-        {"model": "m", "reason": "prompt_exceeds_ttft_slo", "measured": "head"},
-    ) == 1  # fmt: skip
+    assert rig.refusals_timed("prompt_exceeds_ttft_slo", "head") == 1
 
 
 def test_a_prompt_slower_than_it_could_be_because_its_prefix_holder_is_busy_is_refused():
@@ -281,9 +284,8 @@ def test_a_prompt_slower_than_it_could_be_because_its_prefix_holder_is_busy_is_r
     pools = Pools(prefill=[*rig.pools.prefill, worker("q", WorkerRole.PREFILL)],
                   decode=rig.pools.decode, colocated=[])  # fmt: skip
     ids = list(range(2100))
-    blocks = rig.hashers.blocks(ids, block_size=16, algorithm="sha256", seed=None)
-    rig.prefixes.record("p", rig.hashers.blocks(ids[:1600], block_size=16,
-                                                algorithm="sha256", seed=None))  # fmt: skip
+    blocks = rig.blocks(ids)
+    rig.prefixes.record("p", rig.blocks(ids[:1600]))
     queued = rig.load.begin("p", 1800)
     with pytest.raises(Overloaded) as refused:
         asyncio.run(rig.admission.admit(rig.request(), pools, blocks))
