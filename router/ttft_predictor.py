@@ -104,6 +104,10 @@ class TTFTPredictor:
         self._pool_handoff = DecayedFit(2)  # every decode worker's, for one without its own
         self._drains: dict[str, _Drain] = {}
         self._seeded: dict[str, _Curve] = {}  # worker -> the probe's curve
+        # Solved fits, kept until the worker's next sample: a forecast asks for each
+        # worker's curve several times, and a solve is ~10 us of the request's path.
+        self._curves: dict[str, _Curve | None] = {}
+        self._planes: dict[str, tuple[float, tuple[float, ...]] | None] = {}
 
     def __repr__(self) -> str:
         return f"TTFTPredictor(workers={len(self._fits)})"
@@ -115,6 +119,7 @@ class TTFTPredictor:
         self._fits.pop(worker_id, None)
         self._seeded.pop(worker_id, None)
         self._drains.pop(worker_id, None)
+        self._curves.pop(worker_id, None)
         fit = _alone_fit()
         for tokens, seconds in probe:
             if tokens > 0 and seconds > 0:
@@ -127,9 +132,8 @@ class TTFTPredictor:
 
     def prefill_s(self, worker_id: str, queued_tokens: int, own_tokens: int) -> float:
         """Seconds until this worker has prefilled a request sent to it now."""
-        return self._alone_curve(worker_id).seconds(own_tokens) + queued_tokens / self.tokens_per_s(
-            worker_id
-        )
+        alone_s = self._alone_curve(worker_id).seconds(own_tokens)
+        return alone_s + queued_tokens / self.tokens_per_s(worker_id)
 
     def tokens_per_s(self, worker_id: str) -> float:
         """How fast the worker gets through a queue."""
@@ -146,6 +150,16 @@ class TTFTPredictor:
         return self._measured_curve(worker_id) or _Curve(0.0, self._prior_slope, 0.0)
 
     def _measured_curve(self, worker_id: str) -> _Curve | None:
+        try:
+            return self._curves[worker_id]
+        except KeyError:
+            pass
+        curve = self._curves[worker_id] = self._solve_curve(worker_id)
+        if len(self._curves) > self._max_workers:
+            del self._curves[next(iter(self._curves))]
+        return curve
+
+    def _solve_curve(self, worker_id: str) -> _Curve | None:
         fit = self._fits.get(worker_id)
         curve = _curve(fit.solve(self._min_samples)) if fit is not None else None
         if curve is not None:
@@ -161,10 +175,16 @@ class TTFTPredictor:
         """Seconds from prefill end to first token on this decode worker, with
         ``requests`` in flight there (this one included), pulling ``pulled_tokens`` of KV
         (the prompt's tokens it does not hold); 0 until some decode worker taught us."""
-        fit = self._handoff_fits.get(decode_worker_id)
-        plane = fit.solve(self._min_samples) if fit is not None else None
-        if plane is None:
-            plane = self._pool_handoff.solve(1)
+        if decode_worker_id in self._planes:
+            plane = self._planes[decode_worker_id]
+        else:
+            fit = self._handoff_fits.get(decode_worker_id)
+            plane = fit.solve(self._min_samples) if fit is not None else None
+            if plane is None:
+                plane = self._pool_handoff.solve(1)
+            self._planes[decode_worker_id] = plane
+            if len(self._planes) > self._max_workers:
+                del self._planes[next(iter(self._planes))]
         if plane is None:
             return 0.0
         intercept, (per_request, per_token) = plane
@@ -188,6 +208,7 @@ class TTFTPredictor:
         drain = self._drains.get(mark.worker_id)
         if drain is None:
             return  # the worker re-registered meanwhile: its new engine starts afresh
+        self._curves.pop(mark.worker_id, None)
         if drain.busy_since_s is not None:
             # Decayed by busy time, not per prefill: a step's prefills end together, and
             # per-prefill decay would weigh its tokens above the seconds it took.
@@ -211,6 +232,7 @@ class TTFTPredictor:
         fit = _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _plane)
         fit.add(x, seconds, self._decay)
         self._pool_handoff.add(x, seconds, self._decay)
+        self._planes.clear()  # the pool's plane stands in for workers without their own
 
 
 def _plane() -> DecayedFit:
