@@ -101,7 +101,7 @@ class TTFTPredictor:
         self._fits: dict[str, DecayedFit] = {}
         # handoff seconds over (requests in flight there, prompt tokens the worker pulls)
         self._handoff_fits: dict[str, DecayedFit] = {}
-        self._pool_handoff = DecayedFit(2)  # every decode worker's, for one without its own
+        self._pool_handoff = _two_features()  # every decode worker's, for one without its own
         self._drains: dict[str, _Drain] = {}
         self._seeded: dict[str, _Curve] = {}  # worker -> the probe's curve
         # Solved fits, kept until the worker's next sample: a forecast asks for each
@@ -120,7 +120,7 @@ class TTFTPredictor:
         self._seeded.pop(worker_id, None)
         self._drains.pop(worker_id, None)
         self._curves.pop(worker_id, None)
-        fit = _alone_fit()
+        fit = _two_features()
         for tokens, seconds in probe:
             if tokens > 0 and seconds > 0:
                 fit.add(_alone_x(tokens), seconds, 1.0)
@@ -221,7 +221,7 @@ class TTFTPredictor:
         alone = mark.alone and drain.finished_tokens == mark.finished_tokens
         drain.finished_tokens += own_tokens
         if alone:
-            _of_worker(self._fits, mark.worker_id, self._max_workers, _alone_fit).add(
+            _of_worker(self._fits, mark.worker_id, self._max_workers, _two_features).add(
                 _alone_x(own_tokens), ended_s - mark.sent_s, self._decay
             )
 
@@ -229,17 +229,14 @@ class TTFTPredictor:
         self, decode_worker_id: str, requests: int, pulled_tokens: int, seconds: float
     ) -> None:
         x = (float(requests), float(pulled_tokens))
-        fit = _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _plane)
+        fit = _of_worker(self._handoff_fits, decode_worker_id, self._max_workers, _two_features)
         fit.add(x, seconds, self._decay)
         self._pool_handoff.add(x, seconds, self._decay)
         self._planes.clear()  # the pool's plane stands in for workers without their own
 
 
-def _plane() -> DecayedFit:
-    return DecayedFit(2)
-
-
-def _alone_fit() -> DecayedFit:
+def _two_features() -> DecayedFit:
+    """Both fits have two: (tokens, tokens^2 / 1000) alone; (requests, tokens pulled) handoff."""
     return DecayedFit(2)
 
 
