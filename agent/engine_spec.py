@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent.engine_dtype import Dtype, dtype_bytes
 from agent.engine_memory import accelerator_name
 from agent.placement import ExpectedPlacement, parse_cpu_list
 from kvtransfer.transport import NixlTransport
@@ -62,6 +63,9 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.85
     max_model_len: int | None = None
     block_size: int | None = None
+    # vLLM's --dtype: "auto" keeps the checkpoint's. The agent resolves it from the CPU
+    # (agent.engine_dtype): float32 where bf16 is not native, where bf16 is 5x slower.
+    dtype: Dtype = "auto"
     # Compilation made startup 2-3x slower on CPU for ~10% speed, and its cache
     # did not survive restarts; eager is the sane default there.
     enforce_eager: bool | None = None
@@ -110,7 +114,7 @@ class EngineSpec:
             return self.sim_facts.kv_capacity_tokens
         if self.device != "cpu":
             return None  # set by vLLM's memory profiling; not known before it runs
-        bytes_per_token = kv_bytes_per_token(Path(self.model_path))
+        bytes_per_token = kv_bytes_per_token(Path(self.model_path), self.dtype)
         return None if bytes_per_token is None else self.kv_cache_gib * 2**30 // bytes_per_token
 
     def accelerator(self) -> str:
@@ -160,6 +164,8 @@ class EngineSpec:
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.dtype != "auto":
+            args += ["--dtype", self.dtype]
         args += ["--block-size", str(self.resolved_block_size())]
         args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
         args += self._stream_interval_args()
@@ -258,13 +264,16 @@ def max_position_embeddings(model_dir: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def kv_bytes_per_token(model_dir: Path) -> int | None:
-    """K and V for every layer, from the model's config.json (16-bit weights assumed)."""
+def kv_bytes_per_token(model_dir: Path, dtype: str = "auto") -> int | None:
+    """K and V for every layer, from the model's config.json, in the dtype the engine
+    runs (vLLM's KV cache follows the model's dtype)."""
     config = model_config(model_dir)
+    checkpoint = config.get("torch_dtype") or config.get("dtype")
     try:
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads", heads)
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 2
+        element = dtype_bytes(dtype, checkpoint if isinstance(checkpoint, str) else None)
+        return 2 * config["num_hidden_layers"] * kv_heads * head_dim * element
     except (KeyError, TypeError, ZeroDivisionError):
         return None

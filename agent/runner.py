@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.engine_dtype import DTYPE_ENV, DTYPES, DtypeChoice, choose_dtype
 from agent.engine_spec import EngineSpec, detect_device
-from agent.prefill_probe import measure_prefill
+from agent.prefill_probe import ProbePlan, measure_prefill
 from agent.reporter import RouterReporter
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
 from contracts.block_hashing import engine_hash_seed
 from contracts.logs import configure_logging
+from contracts.machine import read_cpu
 from contracts.workers import WorkerRegistration, WorkerRole
 from kvtransfer.transport import KVRole, NixlTransport
 from modelstore.checksum import folder_checksum
@@ -48,6 +50,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         "sleeping (default: 0.02 on CPU, where a longer spin takes the engine's "
                         "own cores; vLLM's 1 s on CUDA)")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help=f"vLLM's --dtype (default: ${DTYPE_ENV}, else chosen from the "
+                        "device: float32 on a CPU without native bf16, bfloat16 on one with "
+                        "it, the model's own on GPU)")  # fmt: skip
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ endpoint for KV events")
     parser.add_argument("--prefix-caching-hash-algo", default="sha256",
@@ -62,6 +68,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    parser.add_argument("--prefill-probe-budget-s", type=float, default=10.0,
+                        help="seconds the prefill-rate probe may take before the worker "
+                        "registers (its sizes shrink to fit; agent/prefill_probe.py)")  # fmt: skip
     parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then extra vLLM args")
 
 
@@ -90,15 +99,31 @@ def agent_argv(role: str, **flags: object) -> list[str]:
     return argv
 
 
+def engine_dtype(args: argparse.Namespace, device: str) -> DtypeChoice:
+    """The flag, else ``$PDSERVE_DTYPE``, else what this device computes natively."""
+    if args.engine == "sim":
+        return DtypeChoice("auto", "a simulated engine computes nothing")
+    try:
+        return choose_dtype(
+            device=device, cpu=read_cpu(), requested=args.dtype, setting=os.environ.get(DTYPE_ENV)
+        )
+    except ValueError as error:
+        raise SystemExit(f"pdserve agent: {error}") from None
+
+
 def base_spec_fields(args: argparse.Namespace) -> dict:
     extra = [a for a in args.engine_args if a != "--"]
+    device = detect_device() if args.device == "auto" else args.device
+    dtype = engine_dtype(args, device)
+    log.info("engine %s", dtype.line())
     return {
         "model_path": args.model,
         "served_model_name": args.served_model_name,
         "model_version": args.model_version,
         "host": args.host,
         "port": args.port,
-        "device": detect_device() if args.device == "auto" else args.device,
+        "device": device,
+        "dtype": dtype.dtype,
         "cores": args.cores,
         "kv_cache_gib": args.kv_cache_gib,
         "max_model_len": args.max_model_len,
@@ -241,6 +266,7 @@ class _Agent:
                 probe = await measure_prefill(
                     f"http://{spec.host}:{spec.port}", spec.served_model_name,
                     max_model_len=spec.context_window(),
+                    plan=ProbePlan(budget_s=self.args.prefill_probe_budget_s),
                 )  # fmt: skip
                 reporter.registration = reporter.registration.model_copy(
                     update={"prefill_probe": probe}

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import time
 from pathlib import Path
 
+from agent.engine_dtype import DTYPE_ENV, DTYPES, choose_dtype
+from agent.engine_spec import detect_device
+from contracts.machine import read_cpu
 from localrun.cluster import ClusterPlan, LocalCluster, VersionWorkers
 from modelstore.known import resolve
 
@@ -30,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache per CPU engine")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help=f"every engine's dtype (default: ${DTYPE_ENV}, else float32 on a "
+                        "CPU without native bf16, bfloat16 on one with it, the model's own "
+                        "on GPU)")  # fmt: skip
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="sim: GPU-free simulated engines with the same protocol")  # fmt: skip
@@ -52,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
     _say(f"run folder: {run_dir} (one log per process)")
     model_path, served_name = resolve(args.model)
     try:
+        dtype = _dtype(args)
         plan = ClusterPlan(
             model_path=model_path,
             served_name=served_name,
@@ -68,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
             engine=args.engine,
             sim_profile=args.sim_profile,
             stream_interval=args.stream_interval,
+            dtype=dtype,
             model_version=args.model_version,
             versions=tuple(_other_version(spec) for spec in args.version),
         )
@@ -95,6 +105,16 @@ def main(args: argparse.Namespace) -> int:
         _say("stopping: agents drain and stop their engines, then the router")
         cluster.stop()
         _say("stopped; no process left")
+
+
+def _dtype(args: argparse.Namespace) -> str | None:
+    """Chosen once here, so every engine runs the same; said in one line."""
+    if args.engine == "sim":
+        return None
+    choice = choose_dtype(device=detect_device(), cpu=read_cpu(), requested=args.dtype,
+                          setting=os.environ.get(DTYPE_ENV))  # fmt: skip
+    _say(choice.line())
+    return choice.dtype
 
 
 def _other_version(spec: str) -> VersionWorkers:

@@ -68,6 +68,9 @@ class ClusterPlan:
     sim_profile: str = "tiny-cpu"
     block_size: int | None = None  # None: the engine's default (vLLM CPU 128, sims their profile's)
     stream_interval: int | None = None  # tokens per streamed chunk; None: the engine's (1)
+    # vLLM's --dtype for every engine; None: each agent chooses from its device
+    # (agent.engine_dtype), as ``pdserve up`` does once and passes on.
+    dtype: str | None = None
     # Engines publish KV events (ZMQ) that the router's prefix index subscribes to.
     kv_events: bool = True
     # Router replicas started elsewhere (sharing the state_url): agents fail over to them.
@@ -180,7 +183,7 @@ class LocalCluster:
             ready_timeout_s=p.ready_timeout_s, heartbeat_interval_s=p.heartbeat_interval_s,
             drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,
             log_file=self.run_dir / f"{w.name}.engine.log", block_size=p.block_size or None,
-            stream_interval=p.stream_interval,
+            stream_interval=p.stream_interval, dtype=p.dtype,
             # The events carry prompt token ids: published on loopback only.
             kv_events_endpoint=f"tcp://127.0.0.1:{w.kv_events_port}" if p.kv_events else None,
             side_channel_port=w.side_channel_port if pd else None,

@@ -91,9 +91,12 @@ async def chat_completions(request: Request) -> Response:
 
 async def list_models(request: Request) -> dict[str, Any]:
     """Model ids (and aliases) only: versions are the route's business (admins see them
-    at ``GET /admin/v1/models``). A tenant limited to some models sees only those."""
+    at ``GET /admin/v1/models``). A tenant limited to some models sees only those. A model
+    is listed once a request to it can be answered (a ready prefill and decode worker, or
+    a colocated one): clients that wait for it here, as vLLM's own clients do, may then
+    send at once."""
     parts = parts_of(request)
-    served = parts.registry.models()
+    served = parts.registry.servable_models(parts.clock())
     listed = [alias for alias, model in parts.aliases.items() if model in served]
     tenant = getattr(request.state, "tenant", None)
     names = [

@@ -178,7 +178,20 @@ class WorkerRegistry:
         )  # fmt: skip
 
     def models(self) -> list[str]:
+        """Every model some registered worker serves, ready or not (a request for one gets
+        a 503 while it cannot be served, a 404 only when nothing serves it)."""
         return sorted({w.registration.model for w in self._workers.values()})
+
+    def servable_models(self, now_s: float) -> list[str]:
+        """The models some path can serve at ``now_s``: a ready prefill and a ready decode
+        worker, or a ready colocated one (what ``/v1/models`` lists)."""
+        ready = {(w.registration.model, w.role) for w in self._workers.values()
+                 if self.is_eligible(w, now_s)}  # fmt: skip
+        return sorted(
+            model for model in {model for model, _ in ready}
+            if (model, WorkerRole.COLOCATED) in ready
+            or {(model, WorkerRole.PREFILL), (model, WorkerRole.DECODE)} <= ready
+        )  # fmt: skip
 
     def workers(self) -> list[WorkerState]:
         return list(self._workers.values())

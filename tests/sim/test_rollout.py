@@ -88,10 +88,10 @@ def test_the_registry_holds_immutable_versions_and_routes_name_only_registered_o
     workers = admin(cluster, "GET", "/admin/workers", token=cluster.admin_token).json()["workers"]
     assert {w["model_checksum"] for w in workers} == {folder_checksum(tiny_llama.ensure())}
     # Each agent timed its fresh engine's prefill (a warm-up, then three sizes twice, the
-    # largest capped by the context window).
+    # largest capped by the context window; a sim is fast enough for all within the budget).
     for worker in workers:
         small, medium, large, *again = worker["prefill_probe"]
-        assert len(again) == 3 and 4 * small[0] < min(medium[0], large[0]), worker["prefill_probe"]
+        assert len(again) == 3 and small[0] < medium[0] < large[0], worker["prefill_probe"]
         assert all(seconds > 0 for _, seconds in worker["prefill_probe"])
     assert_refused(register(cluster, "v4", artifact="/no/such/model"), 400, "artifact",
                    "artifact_missing")  # fmt: skip

@@ -79,3 +79,36 @@ def test_capacity_is_bounded_and_silent_workers_are_forgotten():
     reg.register(registration("p0"), now_s=0)  # re-registering is not growth
     assert reg.forget_silent(now_s=61) == ["p0"]
     assert reg.workers() == []
+
+
+P, D, C = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED
+
+
+@pytest.mark.parametrize(
+    ("roles", "held", "servable"),
+    [
+        ([P], (), False),
+        ([D], (), False),
+        ([P, P], (), False),
+        ([P, D], (), True),
+        ([C], (), True),
+        ([P, D], ("w1",), False),  # the decode is held out of rotation
+        ([P, D, C], ("w1",), True),  # the colocated one still serves
+    ],
+)
+def test_a_model_is_servable_only_with_a_whole_path(roles, held, servable):
+    reg = registry()
+    for index, role in enumerate(roles):
+        reg.register(registration(f"w{index}", role), now_s=0)
+    for worker_id in held:
+        reg.hold(worker_id)
+    assert reg.servable_models(now_s=1) == (["m"] if servable else [])
+    assert reg.models() == ["m"]  # registered all the same: a 503 to retry, not a 404
+
+
+def test_a_silent_path_is_not_servable():
+    reg = registry()
+    reg.register(registration("p0", P), now_s=0)
+    reg.register(registration("d0", D), now_s=0)
+    assert reg.servable_models(now_s=5) == ["m"]
+    assert reg.servable_models(now_s=11) == []  # past heartbeat_timeout_s
