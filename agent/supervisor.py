@@ -5,6 +5,9 @@ Invariants:
   ``/health`` and ``/v1/models`` answer) and the moment the process exits.
 - The child runs in its own session, so stopping it kills vLLM's engine-core
   and worker processes too, never leaving orphans.
+- The child dies with the agent: if the agent is killed outright, the kernel sends
+  the engine SIGTERM (``process_group.PARENT_DEATH_SIGNAL``) and vLLM stops its own
+  engine core. The event loop, which forks it, runs on the agent's main thread.
 - Restarts back off exponentially up to ``max_backoff_s``; the backoff resets
   once an incarnation has stayed up for ``stable_after_s``.
 """
