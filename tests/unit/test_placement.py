@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -72,16 +74,20 @@ def test_a_well_placed_engine_passes_and_a_missing_worker_is_reported():
 def test_engine_site_pins_every_thread_and_child_of_the_engine():
     """A real interpreter started the way the agent starts engines: the pin reaches a
     thread it starts and a child it forks, and the reader sees exactly that."""
+    # The forked child reads the raw descriptor: sys.stdin's lock, held by the thread
+    # blocked in sys.stdin.read() at the fork, is never released in the child, whose
+    # sys.stdin.read() would then wait forever (it did, for hours after the suite ended).
     code = (
         "import os, threading, sys\n"
         "threading.Thread(target=sys.stdin.read, daemon=True).start()\n"
-        "if os.fork() == 0:\n    sys.stdin.read(); os._exit(0)\n"
+        "if os.fork() == 0:\n    while os.read(0, 4096): pass\n    os._exit(0)\n"
         "print('up', flush=True); sys.stdin.read()\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ENGINE_SITE_DIR), PDSERVE_ENGINE_CPUS="0")
     child = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
+    pids = [child.pid]
     try:
         assert child.stdout.readline() == b"up\n"
         pids = process_tree(child.pid)
@@ -94,5 +100,7 @@ def test_engine_site_pins_every_thread_and_child_of_the_engine():
             assert len(wrong) == len(threads)
     finally:
         child.stdin.close()  # the forked child reads to EOF and exits
-        child.kill()
+        for pid in pids:  # and were it stuck, it goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         child.wait()
