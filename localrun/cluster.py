@@ -6,7 +6,10 @@
 Process tree: caller -> router, and one agent per worker -> its vLLM. Each child
 runs in its own session, so a terminal Ctrl-C reaches only the caller, which
 stops the agents first (they drain and stop their engines) and the router last.
-Nothing outlives ``stop()``: stragglers are SIGKILLed by process group.
+Nothing outlives ``stop()``: stragglers are SIGKILLed, descendants included; ``kill()``
+does that at once. Nothing outlives the caller either: each child gets SIGTERM from
+the kernel when its parent dies (``process_group``), so a caller killed outright
+still takes the router, the agents and (through the agents) the engines with it.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class LocalCluster:
         self.router: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
         self._say = say
+        self._killed = False
 
     def __repr__(self) -> str:
         return f"LocalCluster(router={self.router_url}, workers={[w.name for w in self.workers]})"
@@ -261,9 +265,18 @@ class LocalCluster:
 
     def stop(self) -> None:
         # Agents drain (bounded by drain_timeout_s) and stop their engines; then the router.
-        process_group.stop(list(self.agents.values()), grace_s=self.plan.drain_timeout_s + 30)
+        # After kill(), no grace: anything started since dies at once.
+        grace_s = 0.0 if self._killed else self.plan.drain_timeout_s + 30
+        process_group.stop(list(self.agents.values()), grace_s=grace_s)
         if self.router is not None:
-            process_group.stop([self.router], grace_s=15)
+            process_group.stop([self.router], grace_s=0.0 if self._killed else 15)
+
+    def kill(self) -> None:
+        """Stop now, without draining: SIGKILL the router, the agents, their engines and
+        everything those started. Safe to call from a signal handler, during ``stop()``."""
+        self._killed = True
+        router = [self.router] if self.router is not None else []
+        process_group.kill_now([*self.agents.values(), *router])
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
         return process_group.spawn(
