@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.engine_dtype import DTYPE_ENV, DTYPES, choose_dtype
@@ -84,20 +85,14 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise SystemExit(f"pdserve up: {error}") from None
     cluster = LocalCluster(plan, say=_say)
-    stop: dict[str, int | None] = {"signal": None}
-
-    def request_stop(signum: int, _frame: object) -> None:
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stopping = _stop_on_signals(cluster)
     try:
-        cluster.start(lambda: stop["signal"] is not None)
-        if stop["signal"] is None:
+        cluster.start(stopping)
+        if not stopping():
             _say_ready(cluster.router_url, served_name)
-        while stop["signal"] is None and cluster.router_alive():
+        while not stopping() and cluster.router_alive():
             time.sleep(0.2)
-        return 0 if stop["signal"] is not None else 1
+        return 0 if stopping() else 1
     except RuntimeError as error:
         _say(f"failed: {error}")
         return 1
@@ -115,6 +110,23 @@ def _dtype(args: argparse.Namespace) -> str | None:
                           setting=os.environ.get(DTYPE_ENV))  # fmt: skip
     _say(choice.line())
     return choice.dtype
+
+
+def _stop_on_signals(cluster: LocalCluster) -> Callable[[], bool]:
+    """SIGINT or SIGTERM starts the orderly stop; a second one means stop now: every
+    process of the cluster is SIGKILLed at once. Returns "has a stop been asked for?"."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            # os.write, not print: the handler may interrupt a print on this stream.
+            os.write(1, b"pdserve: second signal: killing every process now\n")
+            cluster.kill()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return lambda: bool(received)
 
 
 def _other_version(spec: str) -> VersionWorkers:
