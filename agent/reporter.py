@@ -34,7 +34,7 @@ class RouterReporter:
         self,
         *,
         router_url: str,
-        admin_token: str,
+        agent_token: str,
         registration: WorkerRegistration,
         engine_url: str,
         interval_s: float = 2.0,
@@ -44,7 +44,7 @@ class RouterReporter:
         # answered; an unreachable one hands over to the next (they share state).
         self._router_urls = [u.strip().rstrip("/") for u in router_url.split(",") if u.strip()]
         self._current = 0
-        self._headers = {"Authorization": f"Bearer {admin_token}"}
+        self._headers = {"Authorization": f"Bearer {agent_token}"}
         self.registration = registration
         self._engine_url = engine_url
         self._interval_s = interval_s

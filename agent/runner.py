@@ -19,6 +19,7 @@ from agent.engine_spec import EngineSpec, detect_device
 from agent.prefill_probe import ProbePlan, measure_prefill
 from agent.reporter import RouterReporter
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
+from contracts.agent_tokens import token_worker
 from contracts.block_hashing import engine_hash_seed
 from contracts.logs import configure_logging
 from contracts.machine import read_cpu
@@ -41,7 +42,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-url", required=True,
                         help="router base URL to register with; several replicas "
                         "comma-separated (they must share --state-url)")  # fmt: skip
-    parser.add_argument("--worker-id", default=None, help="default: ROLE-HOST-PORT")
+    parser.add_argument("--worker-id", default=None,
+                        help="default: the worker PDSERVE_AGENT_TOKEN names")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--cores", default=None, help='CPU cores to bind ("0", "0-1") or GPUs')
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache size")
@@ -174,11 +176,17 @@ def run_agent(
     respec: Callable[[WorkerRole], EngineSpec] | None = None,
 ) -> int:
     """Serve ``role`` until SIGTERM; with ``respec``, switch roles when the router asks."""
-    token = os.environ.get("PDSERVE_ADMIN_TOKEN", "")
-    if not token:
-        raise SystemExit("PDSERVE_ADMIN_TOKEN must be set: agents authenticate to the router")
+    token = os.environ.get("PDSERVE_AGENT_TOKEN", "")
+    named = token_worker(token)
+    if named is None:
+        raise SystemExit(
+            "PDSERVE_AGENT_TOKEN must be set to this worker's agent token: "
+            "`PDSERVE_AGENT_SECRET=... pdserve agent-token WORKER_ID` mints it"
+        )
+    worker_id = args.worker_id or named
+    if worker_id != named:
+        raise SystemExit(f"PDSERVE_AGENT_TOKEN is for worker {named!r}, not {worker_id!r}")
     configure_logging(role.value)
-    worker_id = args.worker_id or f"{role.value}-{spec.host}-{spec.port}"
     log_path = Path(args.log_file or f"{worker_id}.engine.log")
     agent = _Agent(worker_id=worker_id, args=args, token=token, log_path=log_path, respec=respec)
     asyncio.run(agent.serve(role, spec))
@@ -238,7 +246,7 @@ class _Agent:
             loop.add_signal_handler(sig, stop.set)
         async with RouterReporter(
             router_url=self.args.router_url,
-            admin_token=self.token,
+            agent_token=self.token,
             registration=_registration(self.worker_id, role, spec),
             engine_url=f"http://{spec.host}:{spec.port}",
             interval_s=self.args.heartbeat_interval_s,

@@ -33,6 +33,7 @@ from agent import process_group
 from benchmarks.metrics import percentiles
 from benchmarks.ratio_change import schedule
 from benchmarks.replay import replay
+from contracts.machine import machine_record
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from localrun.redis_server import RedisServer
@@ -131,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         router_env={"PDSERVE_STATE_URL": redis.url}, extra_router_urls=(url_b,),
     )  # fmt: skip
     cluster = LocalCluster(plan, say=lambda line: print("  " + line, flush=True))
-    env = {**os.environ, "PDSERVE_STATE_URL": redis.url,
-           "PDSERVE_ADMIN_TOKEN": cluster.admin_token}  # fmt: skip
+    env = {**os.environ, "PDSERVE_STATE_URL": redis.url, **cluster.router_secrets()}
     router_b = process_group.spawn(
         [sys.executable, "-m", "cli.main", "router", "--port", str(port_b)],
         env=env, log_path=run_dir / "router-b.log",
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         process_group.stop([router_b], grace_s=15)
         redis.stop()
     report = {"title": "decode load balance: one router replica vs two",
+              "machine": machine_record(),
               "command": "python -m benchmarks.replica_load " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d"), "decode_workers": 4, "rounds": rounds,
               "convergence": converged}  # fmt: skip

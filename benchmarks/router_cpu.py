@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ import psutil
 from agent import process_group
 from benchmarks.prometheus_text import scrape, total
 from benchmarks.words import WordSource
+from contracts.agent_tokens import agent_token
+from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 from contracts.workers import WorkerRegistration
 from localrun.cluster import ClusterPlan, LocalCluster
@@ -213,7 +216,7 @@ def start_reference_router(
     the same engine: the engine is registered with it once and never goes stale."""
     (port,) = free_ports(1)
     never = "1000000"  # seconds: the registration made here is never refreshed
-    env = {**os.environ, **ROUTER_ENV, "PDSERVE_ADMIN_TOKEN": cluster.admin_token,
+    env = {**os.environ, **ROUTER_ENV, **cluster.router_secrets(),
            "PDSERVE_HEARTBEAT_TIMEOUT_S": never, "PDSERVE_FORGET_AFTER_S": never}  # fmt: skip
     with (run_dir / "router_ref.log").open("ab") as log:
         process = subprocess.Popen(
@@ -223,21 +226,31 @@ def start_reference_router(
     url = f"http://127.0.0.1:{port}"
     process_group.wait_until(lambda: process_group.http_ok(url + "/health"), timeout_s=60,
                              what="reference router", process=process)  # fmt: skip
-    headers = {"Authorization": f"Bearer {cluster.admin_token}"}
     known = set(WorkerRegistration.model_fields)
     for worker in cluster.admin("GET", "/admin/workers")["workers"]:
         registration = {k: v for k, v in worker.items() if k in known}
         beat = {"worker_id": worker["worker_id"], "ready": True,
                 "incarnation": worker["incarnation"]}  # fmt: skip
+        # The worker's agent token; a tree from before agent tokens took the admin token.
+        tokens = (agent_token(cluster.agent_secret, worker["worker_id"]), cluster.admin_token)
         for path, body in (("/admin/workers/register", registration),
                            ("/admin/workers/heartbeat", beat)):  # fmt: skip
-            request = urllib.request.Request(
-                url + path, data=json.dumps(body).encode(), method="POST",
-                headers={**headers, "Content-Type": "application/json"},
-            )  # fmt: skip
-            with urllib.request.urlopen(request, timeout=10):
-                pass  # an HTTP error status raises
+            _post_with_either(url + path, body, tokens)
     return url, process
+
+
+def _post_with_either(url: str, body: dict, tokens: tuple[str, str]) -> None:
+    for token in tokens:
+        request = urllib.request.Request(
+            url, data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                return
+        except urllib.error.HTTPError as error:
+            if error.code not in (401, 403) or token == tokens[-1]:
+                raise
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -342,7 +355,7 @@ def summarize(
     return {
         "command": "python -m benchmarks.router_cpu " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {**machine_record(), "python": platform.python_version()},
         "router_env": ROUTER_ENV,
         "settings": {
             "requests": args.requests,

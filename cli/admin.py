@@ -1,5 +1,5 @@
 """``pdserve admin``: the SRE's admin API from a terminal: pools, ratio, drain, audit, and
-versions in production (models, route, promote, rollback, approve, review).
+versions in production (models, route, policy, promote, rollback, approve, review).
 
 The router URL and token come from flags, else ``PDSERVE_ROUTER_URL`` and
 ``PDSERVE_ADMIN_TOKEN``, else the newest run folder ``pdserve up`` wrote.
@@ -56,7 +56,17 @@ def _add_rollout_actions(actions: argparse._SubParsersAction) -> None:
     route.add_argument("--sticky", choices=["api_key", "user", "header"], default="api_key")
     route.add_argument("--shadow", help="a shadow version")
     route.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored")
-    route.add_argument("--require-approval", action="store_true")
+    policy = actions.add_parser(
+        "policy", help="show a model's policy, or change it (loosening it needs a reviewer)"
+    )
+    policy.add_argument("model")
+    policy.add_argument(
+        "--require-approval",
+        action=argparse.BooleanOptionalAction,
+        help="versions serve prod (and heavy canaries) only once approved",
+    )
+    policy.add_argument("--max-unapproved-canary-weight", type=float,
+                        help="the heaviest canary an unapproved version may take")  # fmt: skip
     for name, text in (("promote", "make the canary prod (gate, approval)"),
                        ("rollback", "drop the canary")):  # fmt: skip
         actions.add_parser(name, help=text).add_argument("model")
@@ -98,6 +108,8 @@ def rollout_action(call: Caller, args: argparse.Namespace) -> Any:
         if not any((args.prod, args.canary, args.shadow)):
             return call("GET", route)
         return call("PUT", route, _route_body(call, route, args))
+    if args.action == "policy":
+        return _policy_change(call, args)
     if args.action in ("promote", "rollback"):
         return call("POST", f"{route}/{args.action}")
     if args.action == "approve":
@@ -119,9 +131,18 @@ def _route_body(call: Caller, route: str, args: argparse.Namespace) -> dict[str,
         body["canary"] = {"version": args.canary, "weight": args.weight, "stickiness": args.sticky}
     if args.shadow:
         body["shadow"] = {"version": args.shadow, "sample_rate": args.sample_rate}
-    if args.require_approval:
-        body["requires_approval"] = True
     return body
+
+
+def _policy_change(call: Caller, args: argparse.Namespace) -> Any:
+    """The current policy with the flags' changes (the safety checks are kept as they are:
+    edit them through the API)."""
+    path = f"/admin/v1/policies/{args.model}"
+    current = call("GET", path)["policy"]
+    changes = {"requires_approval": args.require_approval,
+               "max_unapproved_canary_weight": args.max_unapproved_canary_weight}  # fmt: skip
+    changes = {name: value for name, value in changes.items() if value is not None}
+    return call("PUT", path, {**current, **changes}) if changes else current
 
 
 def _artifact(args: argparse.Namespace) -> dict[str, Any]:

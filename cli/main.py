@@ -11,7 +11,7 @@ AGENT_COMMANDS = ("prefill", "decode", "colocated")
 def build_parser() -> argparse.ArgumentParser:
     from agent import colocated
     from benchmarks import bench_cli, calibrate_cli
-    from cli import admin, launcher, model_prep, status
+    from cli import admin, agent_token, launcher, model_prep, status
     from decode import agent as decode_agent
     from prefill import agent as prefill_agent
     from router import server
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("model", model_prep, "prepare a model into ~/.cache/pdserve"),
         ("bench", bench_cli, "load-test an OpenAI-compatible endpoint; JSON + HTML report"),
         ("admin", admin, "the SRE admin API: pools, P:D ratio changes, drains, audit"),
+        ("agent-token", agent_token, "mint a worker's agent token from PDSERVE_AGENT_SECRET"),
         ("status", status, "a live view of models, pools, workers, TTFT, tokens/s and cost"),
     ):
         sub = commands.add_parser(name, help=summary, description=summary)

@@ -2,8 +2,11 @@
 
 - ``ModelArtifact``: one registered version of a model, immutable once registered.
 - ``RouteSpec``: per model id, the ``prod`` version, an optional ``canary`` (a weight and
-  a stickiness key) and ``shadow`` (a sample rate), the SLO gate a canary must pass to be
-  promoted, and whether a reviewer must approve it first.
+  a stickiness key) and ``shadow`` (a sample rate), and the SLO gate a canary must pass to
+  be promoted. Operators write it.
+- ``ModelPolicy``: per model id, what reviewers decide: whether versions need a
+  reviewer's approval before they serve prod traffic (or canary traffic above a weight),
+  and the safety checks. Operators may only tighten it (``loosened_by``).
 
 Clients name a model id; the route picks the version. Versions never reach the client.
 Checks that need the registry (a version exists) and the stages being distinct live in
@@ -95,6 +98,9 @@ class SloGate(BaseModel):
     auto_rollback: bool = Field(True, description="roll a breaching canary back by itself")
 
 
+_POLICY_FIELDS = ("requires_approval", "safety")
+
+
 class RouteSpec(BaseModel):
     """``PUT /admin/v1/routes/{model_id}``'s body, and the route as stored."""
 
@@ -104,10 +110,18 @@ class RouteSpec(BaseModel):
     canary: CanaryStage | None = None
     shadow: ShadowStage | None = None
     gate: SloGate = Field(default_factory=SloGate)
-    requires_approval: bool = Field(
-        False, description="promotion needs a reviewer's approval of the canary version"
-    )
-    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_is_not_the_routes(cls, value: object) -> object:
+        # A route once carried these; now a reviewer owns them, so say where they went.
+        moved = [name for name in _POLICY_FIELDS if isinstance(value, dict) and name in value]
+        if moved:
+            raise ValueError(
+                f"{', '.join(moved)} belong to the model's policy: "
+                "PUT /admin/v1/policies/{model_id} (loosening it needs a reviewer)"
+            )
+        return value
 
     def versions(self) -> dict[str, str]:
         """stage -> version, for the stages set."""
@@ -117,6 +131,56 @@ class RouteSpec(BaseModel):
         if self.shadow is not None:
             named["shadow"] = self.shadow.version
         return named
+
+
+class ModelPolicy(BaseModel):
+    """``PUT /admin/v1/policies/{model_id}``'s body: the reviewers' part of a model.
+
+    With ``requires_approval``, a version serves prod traffic only once a reviewer
+    approved it, and canary traffic above ``max_unapproved_canary_weight`` likewise; with
+    no route, only approved versions serve. Shadow copies are never answered to a client,
+    so a shadow needs no approval.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requires_approval: bool = Field(
+        False, description="a version serves prod (and a heavy canary) only once approved"
+    )
+    max_unapproved_canary_weight: float = Field(
+        0.1, ge=0.0, le=1.0,
+        description="with requires_approval: the largest canary weight an unapproved "
+        "version may take",
+    )  # fmt: skip
+    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
+
+    def needs_approval(self, stage: str, weight: float = 1.0) -> bool:
+        """Whether a version must be approved to serve ``stage`` at ``weight``."""
+        if not self.requires_approval or stage == "shadow":
+            return False
+        return stage == "prod" or weight > self.max_unapproved_canary_weight
+
+    def loosened_by(self, new: ModelPolicy) -> list[str]:
+        """How ``new`` is looser than this policy (empty: as strict or stricter).
+
+        Stricter means: approval stays on (or is turned on), the unapproved canary weight
+        does not rise, and every current check is kept unchanged (checks may be added).
+        Anything else, a reworded pattern included, counts as loosening: judging whether
+        an edited check is weaker is a reviewer's call, not the router's.
+        """
+        looser = []
+        if self.requires_approval and not new.requires_approval:
+            looser.append("requires_approval turned off")
+        if new.max_unapproved_canary_weight > self.max_unapproved_canary_weight:
+            looser.append("max_unapproved_canary_weight raised")
+        kept = {check.name: check for check in new.safety.checks}
+        for check in self.safety.checks:
+            if kept.get(check.name) != check:
+                looser.append(f"safety check {check.name!r} removed or changed")
+        old_rest = self.safety.model_dump(exclude={"checks"})
+        if new.safety.model_dump(exclude={"checks"}) != old_rest:
+            looser.append("safety settings changed (keep_prompt, retention, lookback)")
+        return looser
 
 
 Decision = Literal["approve", "refuse"]

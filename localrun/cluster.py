@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent import process_group
 from agent.runner import agent_argv
+from contracts.agent_tokens import agent_token
 from localrun.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated"
@@ -143,7 +144,12 @@ class LocalCluster:
         self.plan = plan
         self.run_dir = plan.run_dir
         self.router_url = f"http://{plan.host}:{plan.port}"
+        # The people's admin token (the router's and this launcher's), the secret agents'
+        # tokens are minted from (the router's only), and the sims' fault endpoint's token:
+        # no agent process holds the admin token or the secret.
         self.admin_token = secrets.token_urlsafe(24)
+        self.agent_secret = secrets.token_urlsafe(24)
+        self.engine_token = secrets.token_urlsafe(24)
         self.workers = plan_workers(plan, os.cpu_count() or 1)
         self.router: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
@@ -160,7 +166,7 @@ class LocalCluster:
         self.router = self._spawn(
             "router",
             ["router", "--host", self.plan.host, "--port", str(self.plan.port)],
-            self.plan.router_env,
+            {**self.plan.router_env, **self.router_secrets()},
         )
         process_group.wait_until(
             lambda: process_group.http_ok(self.router_url + "/health", timeout_s=1),
@@ -171,9 +177,17 @@ class LocalCluster:
             + ", ".join(f"{w.name}@{w.engine_port} cores {w.cores}" for w in self.workers)
         )
         for worker in self.workers:
-            self.agents[worker.name] = self._spawn(worker.name, self._agent_argv(worker), {})
+            self.agents[worker.name] = self._spawn(worker.name, self._agent_argv(worker), {
+                "PDSERVE_AGENT_TOKEN": agent_token(self.agent_secret, worker.name),
+                "PDSERVE_SIM_ADMIN_TOKEN": self.engine_token,
+            })  # fmt: skip
         self._write_cluster_file()
         self._wait_ready(stopping)
+
+    def router_secrets(self) -> dict[str, str]:
+        """What a router of this cluster (another replica too) needs: the admin token and
+        the secret its agents' tokens come from."""
+        return {"PDSERVE_ADMIN_TOKEN": self.admin_token, "PDSERVE_AGENT_SECRET": self.agent_secret}
 
     def _agent_argv(self, w: WorkerPlan) -> list[str]:
         p = self.plan
@@ -224,14 +238,18 @@ class LocalCluster:
                 raise RuntimeError(f"agent(s) {', '.join(dead)} exited; see {self.run_dir}")
             time.sleep(0.5)
 
-    def admin(self, method: str, path: str, payload: dict | None = None) -> dict:
-        """Call the router's admin API with this cluster's token."""
+    def admin(
+        self, method: str, path: str, payload: dict | None = None, *, as_worker: str = ""
+    ) -> dict:
+        """Call the router's admin API with this cluster's admin token, or (``as_worker``)
+        as that worker's agent."""
+        token = agent_token(self.agent_secret, as_worker) if as_worker else self.admin_token
         request = urllib.request.Request(
             self.router_url + path,
             method=method,
             data=None if payload is None else json.dumps(payload).encode(),
             headers={
-                "Authorization": f"Bearer {self.admin_token}",
+                "Authorization": f"Bearer {token}",
                 "Content-Type": "application/json",
             },
         )
@@ -281,14 +299,14 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
         return process_group.spawn(
             [sys.executable, "-m", "cli.main", *argv],
-            env=dict(os.environ, **extra_env, PDSERVE_ADMIN_TOKEN=self.admin_token),
+            env={**_without_secrets(os.environ), **extra_env},
             log_path=self.run_dir / f"{name}.log",
         )
 
     def _write_cluster_file(self) -> None:
         token_file = self.run_dir / "admin_token"
-        token_file.write_text(self.admin_token)
-        token_file.chmod(0o600)
+        write_private(token_file, self.admin_token)
+        write_private(self.run_dir / "engine_token", self.engine_token)
         (self.run_dir / "cluster.json").write_text(json.dumps({
             "router_url": self.router_url,
             "model": self.plan.served_name,
@@ -301,6 +319,24 @@ class LocalCluster:
                 for w in self.workers
             ],
         }, indent=2))  # fmt: skip
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only, from the first byte: a temporary file
+    created 0600, then renamed over ``path`` (never a moment at the umask's mode)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
+def _without_secrets(environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
+    """The launcher's environment less the tokens it must not pass on by accident (each
+    process gets its own explicitly)."""
+    secret = ("PDSERVE_ADMIN_TOKEN", "PDSERVE_ADMIN_TOKENS", "PDSERVE_AGENT_SECRET",
+              "PDSERVE_AGENT_TOKEN")  # fmt: skip
+    return {name: value for name, value in environ.items() if name not in secret}
 
 
 def _tail(path: Path, lines: int) -> list[str]:

@@ -3,12 +3,16 @@
 - ``public``: no credentials (health, metrics);
 - ``client``: an API key from ``api_keys`` or a tenant's ``keys`` when any is set; the
   caller's tenant (``tenants.py``) is left on ``request.state.tenant``;
-- ``viewer`` / ``operator`` / ``reviewer`` / ``admin``: a scoped admin token
+- ``viewer`` / ``operator`` / ``reviewer`` / ``admin``: a person's scoped token
   (``admin_tokens``); what each scope grants is ``settings.SCOPE_GRANTS`` (admin does
-  not include reviewer). ``admin_token`` (what agents register with) is an
-  admin-scoped token named ``agents``. No token configured at all: the admin API answers
-  403. A missing or unknown token is 401; a known token without the scope is 403.
-The caller's name (never the token) is left on ``request.state.actor`` for the audit log.
+  not include reviewer). ``admin_token`` is an admin-scoped token named ``admin``.
+  ``policy`` (writing a model's policy) is granted to operators and reviewers alike;
+- ``agent``: a worker's own token, minted from ``agent_secret``
+  (``contracts.agent_tokens``); the worker id it names is left on
+  ``request.state.agent_worker``, and the handler holds the caller to it.
+No token configured at all: the admin API answers 403. A missing or unknown token is
+401; a known token without the scope is 403. The caller's name (never the token) is left
+on ``request.state.actor`` for the audit log, its scope on ``request.state.scope``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from pydantic import BaseModel
 
+from contracts.agent_tokens import verified_worker
 from router.answer_schemas import ErrorResponse
 from router.errors import Forbidden, Unauthorized
 from router.settings import SCOPE_GRANTS
@@ -37,7 +42,9 @@ class Access(enum.Enum):
     VIEWER = "viewer"
     OPERATOR = "operator"
     REVIEWER = "reviewer"
+    POLICY = "policy"
     ADMIN = "admin"
+    AGENT = "agent"
 
 
 Handler = Callable[..., Awaitable[Any]]
@@ -92,9 +99,10 @@ def authorize(request: Request, access: Access) -> None:
             raise Unauthorized("missing or invalid API key", code="invalid_api_key")
         request.state.tenant = parts.tenants.identify(token if keys else None)
         return
-    if not parts.admin_tokens:
+    secret = parts.settings.server.agent_secret
+    if not parts.admin_tokens and not secret:
         raise Forbidden("the admin API is disabled: set PDSERVE_ADMIN_TOKEN on the router")
-    identity = None if token is None else _match(token, parts.admin_tokens)
+    identity = None if token is None else _identify(token, parts.admin_tokens, secret)
     if identity is None:
         raise Unauthorized("missing or invalid admin token", code="invalid_admin_token")
     name, scope = identity
@@ -104,6 +112,66 @@ def authorize(request: Request, access: Access) -> None:
             code="insufficient_scope",
         )
     request.state.actor = name
+    request.state.scope = scope
+
+
+def _identify(
+    token: str, people: dict[str, tuple[str, str]], agent_secret: str | None
+) -> tuple[str, str] | None:
+    """(name, scope) of a person's token, or of an agent's (named ``agent:<worker id>``)."""
+    if agent_secret:
+        worker = verified_worker(agent_secret, token)
+        if worker is not None:
+            return f"agent:{worker}", "agent"
+    return _match(token, people)
+
+
+def authorized(request: Request, access: Access) -> bool:
+    """Whether the caller's credentials pass ``access`` (no error for a caller without)."""
+    try:
+        authorize(request, access)
+    except (Unauthorized, Forbidden):
+        return False
+    return True
+
+
+def schema_for_clients(spec: dict[str, Any], routes: tuple[Route, ...]) -> dict[str, Any]:
+    """``spec`` with only the public and client routes, and the components they name: what
+    an anonymous caller sees of /openapi.json (the admin API is a viewer's to read)."""
+    open_paths = {r.path for r in routes if r.access in (Access.PUBLIC, Access.CLIENT)}
+    paths = {path: ops for path, ops in spec.get("paths", {}).items() if path in open_paths}
+    schemas = spec.get("components", {}).get("schemas", {})
+    named: set[str] = set()
+    pending = [paths]
+    while pending:  # every component a kept path names, and those they name in turn
+        for ref in _refs(pending.pop()):
+            if ref not in named and ref in schemas:
+                named.add(ref)
+                pending.append(schemas[ref])
+    components = {"schemas": {name: schemas[name] for name in sorted(named)}}
+    return {**spec, "paths": paths, "components": components}
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"].rsplit("/", 1)[-1]] if isinstance(node.get("$ref"), str) else []
+        return found + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def may(request: Request, access: Access) -> bool:
+    """Whether the (authorized) caller's scope also grants ``access``."""
+    scope = getattr(request.state, "scope", None)
+    return scope is not None and access.value in SCOPE_GRANTS[scope]
+
+
+def agent_worker(request: Request) -> str | None:
+    """The worker id an agent's token names (None for a person's token)."""
+    if getattr(request.state, "scope", None) != "agent":
+        return None
+    return actor_of(request).removeprefix("agent:")
 
 
 _COMPONENTS = "#/components/schemas/{model}"

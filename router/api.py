@@ -17,7 +17,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
 from router import admin_api, rollout_api
-from router.access import Access, Route, parts_of
+from router.access import (
+    Access,
+    Route,
+    agent_worker,
+    authorized,
+    parts_of,
+    schema_for_clients,
+)
 from router.answer_schemas import (
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -25,11 +32,12 @@ from router.answer_schemas import (
     CompletionResponse,
     ModelList,
 )
-from router.errors import APIError, NotFound, Overloaded
+from router.errors import APIError, Forbidden, NotFound, Overloaded
 from router.http_io import json_body, parsed, unless_disconnected
 from router.prepare import Endpoint, prepare
 from router.registry import RegistryFull
 from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.worker_networks import OutsideNetworks
 
 log = logging.getLogger("pdserve.router")
 
@@ -119,6 +127,13 @@ async def health(request: Request) -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def openapi_document(request: Request) -> dict[str, Any]:
+    """The API's schema: public and client routes for anyone, the admin API too for a
+    viewer (it names every admin route and body)."""
+    spec = request.app.openapi()
+    return spec if authorized(request, Access.VIEWER) else schema_for_clients(spec, ROUTES)
+
+
 async def prometheus_metrics(request: Request) -> Response:
     return Response(parts_of(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
@@ -126,9 +141,29 @@ async def prometheus_metrics(request: Request) -> Response:
 # -- workers (agents register and heartbeat here) -------------------------------
 
 
+def _own_worker(request: Request, worker_id: str) -> None:
+    """An agent acts for the worker id its token was minted for, and no other."""
+    if agent_worker(request) != worker_id:
+        raise Forbidden(
+            f"this agent's token is not for worker {worker_id!r}", code="not_this_agents_worker"
+        )
+
+
+async def _check_hosts(request: Request, registration: WorkerRegistration) -> None:
+    networks = parts_of(request).networks
+    try:
+        await networks.check_url(registration.engine_url, "engine_url")
+        if registration.kv_events_endpoint:
+            await networks.check_url(registration.kv_events_endpoint, "kv_events_endpoint")
+    except OutsideNetworks as error:
+        raise Forbidden(str(error), code="worker_outside_allowed_networks") from None
+
+
 async def register_worker(request: Request) -> dict[str, Any]:
     parts = parts_of(request)
     registration = parsed(WorkerRegistration, await json_body(request, _ADMIN_BODY_BYTES))
+    _own_worker(request, registration.worker_id)
+    await _check_hosts(request, registration)
     parts.rollout.rollout.check_worker(registration)
     previous = parts.registry.get(registration.worker_id)
     try:
@@ -149,8 +184,10 @@ async def register_worker(request: Request) -> dict[str, Any]:
 async def heartbeat(request: Request) -> Response:
     parts = parts_of(request)
     beat = parsed(WorkerHeartbeat, await json_body(request, _ADMIN_BODY_BYTES))
+    _own_worker(request, beat.worker_id)
     if not parts.registry.heartbeat(beat, parts.clock()):
-        return JSONResponse({"error": "unknown worker; register first"}, status_code=404)
+        raise NotFound(f"worker {beat.worker_id!r} is not registered; register first",
+                       code="worker_not_registered")  # fmt: skip
     worker = parts.registry.get(beat.worker_id)
     if worker is not None:
         parts.accounting.heartbeat(worker.registration, beat)
@@ -161,6 +198,7 @@ async def heartbeat(request: Request) -> Response:
 
 async def deregister_worker(request: Request, worker_id: str) -> dict[str, Any]:
     parts = parts_of(request)
+    _own_worker(request, worker_id)
     if not parts.registry.deregister(worker_id):
         raise NotFound(f"no worker {worker_id!r} is registered", code="worker_not_found")
     parts.forget_worker(worker_id)
@@ -212,12 +250,13 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models", list_models, Access.CLIENT, answer=ModelList),
     Route("GET", "/health", health, Access.PUBLIC),
     Route("GET", "/metrics", prometheus_metrics, Access.PUBLIC),
+    Route("GET", "/openapi.json", openapi_document, Access.PUBLIC),
     Route(
-        "POST", "/admin/workers/register", register_worker, Access.ADMIN, body=WorkerRegistration
+        "POST", "/admin/workers/register", register_worker, Access.AGENT, body=WorkerRegistration
     ),
-    Route("POST", "/admin/workers/heartbeat", heartbeat, Access.ADMIN, body=WorkerHeartbeat),
-    Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.ADMIN),
-    Route("GET", "/admin/workers", list_workers, Access.ADMIN),
+    Route("POST", "/admin/workers/heartbeat", heartbeat, Access.AGENT, body=WorkerHeartbeat),
+    Route("DELETE", "/admin/workers/{worker_id}", deregister_worker, Access.AGENT),
+    Route("GET", "/admin/workers", list_workers, Access.VIEWER),
     *admin_api.ROUTES,
     *rollout_api.ROUTES,
 )

@@ -58,6 +58,7 @@ from router.token_prefix_cache import TokenPrefixCache
 from router.ttft_predictor import TTFTPredictor
 from router.upstream import Upstream
 from router.windows import SlidingSums
+from router.worker_networks import WorkerNetworks
 
 log = logging.getLogger("pdserve.router")
 
@@ -80,6 +81,7 @@ class RouterParts:
     sync: StateSync
     pools: PoolController
     admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
+    networks: WorkerNetworks
     tenants: Tenants
     accounting: FleetAccounting
     admission: Admission
@@ -121,9 +123,10 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         preemption_cooldown_s=admission_settings.preemption_cooldown_s, predictor=predictor,
         clock=clock,
     )  # fmt: skip
+    networks = WorkerNetworks(settings.server.allowed_worker_networks)
     orchestrator = Orchestrator(
         settings=settings, registry=registry, engines=upstream.engines, metrics=metrics,
-        scheduler=scheduler, load=load, predictor=predictor, clock=clock,
+        scheduler=scheduler, load=load, predictor=predictor, networks=networks, clock=clock,
     )  # fmt: skip
     state = _state(settings)
     rollout = RolloutControl(
@@ -147,7 +150,8 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
-        admin_tokens=_admin_tokens(settings), tenants=_tenants(settings), accounting=accounting,
+        admin_tokens=_admin_tokens(settings), networks=networks, tenants=_tenants(settings),
+        accounting=accounting,
         admission=admission, rollout=rollout, rollout_path=rollout_path,
         review=rollout_path.review, on_registered=registered,
     )  # fmt: skip
@@ -289,13 +293,16 @@ def _tenants(settings: RouterSettings) -> Tenants:
 def _admin_tokens(settings: RouterSettings) -> dict[str, tuple[str, str]]:
     tokens = settings.control.scoped_tokens()
     if settings.server.admin_token:
-        tokens[settings.server.admin_token] = ("agents", "admin")
+        tokens[settings.server.admin_token] = ("admin", "admin")
     return tokens
 
 
 def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.monotonic) -> FastAPI:
     parts = build_parts(settings, clock)
-    app = FastAPI(title="pdserve router", lifespan=_lifespan(parts), docs_url=None, redoc_url=None)
+    # /openapi.json is a route of the table (``api.openapi_document``): who asks decides
+    # how much of the API it shows.
+    app = FastAPI(title="pdserve router", lifespan=_lifespan(parts), docs_url=None,
+                  redoc_url=None, openapi_url=None)  # fmt: skip
     app.state.parts = parts
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

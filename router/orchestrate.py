@@ -47,6 +47,7 @@ from router.settings import RouterSettings
 from router.sse_passthrough import EngineSSEResponse
 from router.ttft_predictor import TTFTPredictor
 from router.usage import usage_in_answer, with_usage_requested
+from router.worker_networks import WorkerNetworks
 
 log = logging.getLogger("pdserve.router")
 PREDICTED_TTFT_HEADER = "x-pdserve-predicted-ttft-ms"
@@ -76,8 +77,10 @@ class Orchestrator:
         scheduler: Scheduler,
         load: InFlightLoad,
         predictor: TTFTPredictor,
+        networks: WorkerNetworks | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._networks = networks or WorkerNetworks(settings.server.allowed_worker_networks)
         self._timeouts = settings.upstream
         self._leases = settings.leases
         self._retry_after_s = settings.server.retry_after_s
@@ -182,7 +185,7 @@ class Orchestrator:
                         worker.engine_url + request.path, body,
                         timeout_s=self._timeouts.prefill_timeout_s,
                     )  # fmt: skip
-                handoff = _handoff_in(payload, issued_at_s=self._clock())
+                handoff = _handoff_in(payload, issued_at_s=self._clock(), networks=self._networks)
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(worker, error))
                 continue
@@ -413,14 +416,21 @@ class Orchestrator:
         self._registry.mark_unhealthy(worker.worker_id)
 
 
-def _handoff_in(payload: bytes, *, issued_at_s: float) -> KVHandoff:
+def _handoff_in(payload: bytes, *, issued_at_s: float, networks: WorkerNetworks) -> KVHandoff:
     try:
         answer = json.loads(payload)
     except ValueError:
         raise InvalidHandoff("the prefill answer is not JSON") from None
     if not isinstance(answer, dict):
         raise InvalidHandoff("the prefill answer is not a JSON object")
-    return parse_handoff(answer.get("kv_transfer_params"), issued_at_s=issued_at_s)
+    handoff = parse_handoff(answer.get("kv_transfer_params"), issued_at_s=issued_at_s)
+    if not networks.allows(handoff.remote_host):
+        # A decode engine would pull KV from (and send its engine id to) this host.
+        raise InvalidHandoff(
+            f"kv_transfer_params.remote_host {handoff.remote_host!r} is outside "
+            "allowed_worker_networks"
+        )
+    return handoff
 
 
 def _admission_headers(request: PreparedRequest) -> dict[str, str]:

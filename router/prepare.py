@@ -73,9 +73,10 @@ class PreparedRequest:
     # False for a fan-out's later samples of one prompt: usage counts that prompt once.
     counts_prompt: bool = True
     # Set by the model's route (``rollout.py``): the stage that serves it (prod, canary, or
-    # shadow for a mirrored copy) and that stage's version (None: no route, any version).
+    # shadow for a mirrored copy) and that stage's version (None: no route, any version; a
+    # set: no route, and the model's policy lets its approved versions serve only).
     stage: str = "prod"
-    version: str | None = None
+    version: str | frozenset[str] | None = None
 
     @property
     def tenant_class(self) -> str:

@@ -159,19 +159,25 @@ class WorkerRegistry:
         )
 
     def eligible(
-        self, model: str, role: WorkerRole, now_s: float, version: str | None = None
+        self,
+        model: str,
+        role: WorkerRole,
+        now_s: float,
+        version: str | frozenset[str] | None = None,
     ) -> list[WorkerState]:
-        """``version`` None: the model's workers whatever version they serve."""
+        """``version`` None: the model's workers whatever version they serve; a set: those
+        serving one of its versions."""
+        versions = frozenset((version,)) if isinstance(version, str) else version
         return [
             w
             for w in self._workers.values()
             if w.role is role
             and w.registration.model == model
             and self.is_eligible(w, now_s)
-            and (version is None or w.registration.model_version == version)
+            and (versions is None or w.registration.model_version in versions)
         ]
 
-    def pools(self, model: str, now_s: float, version: str | None = None) -> Pools:
+    def pools(self, model: str, now_s: float, version: str | frozenset[str] | None = None) -> Pools:
         return Pools(
             *(self.eligible(model, role, now_s, version) for role in
               (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED))

@@ -1,10 +1,16 @@
 """The model registry and the routes, as this replica sees them, and where a request goes.
 
-Two shared documents hold the truth (``router.state``): ``model_registry`` (model id ->
-version -> ``RegisteredArtifact``) and ``routes`` (model id -> its ``RouteSpec`` and the
-reviewers' decisions). Every replica follows them (``load``); a change is validated
-against the registry here, then written with compare-and-set, so two replicas' changes
+Three shared documents hold the truth (``router.state``): ``model_registry`` (model id
+-> version -> ``RegisteredArtifact``), ``routes`` (model id -> its ``RouteSpec``, the
+operators' part) and ``model_policies`` (model id -> its ``ModelPolicy`` and the
+reviewers' decisions, the reviewers' part). Every replica follows them (``load``); a
+change is validated here, then written with compare-and-set, so two replicas' changes
 never interleave and a refused change leaves the old route in force.
+
+Separation of duties: a route never sends prod traffic (or canary traffic above the
+policy's weight) to a version its policy requires approved and no reviewer approved
+(``check_approved``); with no route, such a model is served by its approved versions
+only (``place``). Deleting a route keeps the policy.
 
 Placement: a model without a route is served by all its workers, whatever version they
 report. With a route, a request lands on ``canary`` when a hash of the model id and its
@@ -14,7 +20,8 @@ request without its key (no API key, no ``user``, no header) is placed by its re
 Shadowing is drawn per request, at the shadow's sample rate.
 
 Invariants: versions are immutable once registered; a route names registered versions
-only; ``prod``, ``canary`` and ``shadow`` are distinct.
+only; ``prod``, ``canary`` and ``shadow`` are distinct; a route written under a policy
+that requires approval serves approved versions only.
 """
 
 from __future__ import annotations
@@ -26,20 +33,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.rollout import Approval, ModelArtifact, RegisteredArtifact, RouteSpec
+from contracts.rollout import (
+    Approval,
+    ModelArtifact,
+    ModelPolicy,
+    RegisteredArtifact,
+    RouteSpec,
+)
 from contracts.workers import WorkerRegistration
-from router.errors import InvalidRequest
-from router.http_io import parsed
+from router.errors import Forbidden, InvalidRequest
 
 REGISTRY_DOCUMENT = "model_registry"
 ROUTES_DOCUMENT = "routes"
+POLICIES_DOCUMENT = "model_policies"
 _URI_SCHEMES = ("hf://", "s3://", "gs://", "https://", "http://")
+
+
+# Which versions may serve: one, any (None), or a set (no route, approved versions only).
+VersionFilter = str | frozenset[str] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
     stage: str  # prod, canary (or shadow, for a mirrored copy)
-    version: str | None  # None: no route, any version
+    version: VersionFilter
 
 
 NO_ROUTE = Placement("prod", None)
@@ -48,13 +65,27 @@ NO_ROUTE = Placement("prod", None)
 @dataclass(frozen=True, slots=True)
 class RouteState:
     spec: RouteSpec
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec.model_dump(mode="json")}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    policy: ModelPolicy
     approvals: Mapping[str, Mapping[str, Any]]  # version -> {decision, by, at_unix_s, note}
 
     def approved(self, version: str) -> bool:
         return self.approvals.get(version, {}).get("decision") == "approve"
 
+    def approved_versions(self) -> frozenset[str]:
+        return frozenset(v for v in self.approvals if self.approved(v))
+
     def as_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec.model_dump(mode="json"), "approvals": dict(self.approvals)}
+        return {"policy": self.policy.model_dump(mode="json"), "approvals": dict(self.approvals)}
+
+
+NO_POLICY = PolicyState(ModelPolicy(), {})
 
 
 class Rollout:
@@ -63,8 +94,10 @@ class Rollout:
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self._artifacts: dict[str, dict[str, RegisteredArtifact]] = {}
         self._routes: dict[str, RouteState] = {}
+        self._policies: dict[str, PolicyState] = {}
         self.registry_version = 0
         self.routes_version = 0
+        self.policies_version = 0
         self._rng = rng or random.Random()
 
     def __repr__(self) -> str:
@@ -81,10 +114,17 @@ class Rollout:
 
     def load_routes(self, version: int, document: Mapping[str, Any]) -> None:
         self._routes = {
-            model_id: RouteState(RouteSpec.model_validate(r["spec"]), r.get("approvals", {}))
+            model_id: RouteState(RouteSpec.model_validate(r["spec"]))
             for model_id, r in document.items()
         }
         self.routes_version = version
+
+    def load_policies(self, version: int, document: Mapping[str, Any]) -> None:
+        self._policies = {
+            model_id: PolicyState(ModelPolicy.model_validate(p["policy"]), p.get("approvals", {}))
+            for model_id, p in document.items()
+        }
+        self.policies_version = version
 
     # -- reads ---------------------------------------------------------------------
 
@@ -100,12 +140,21 @@ class Rollout:
     def routes(self) -> dict[str, RouteState]:
         return dict(self._routes)
 
+    def policy(self, model_id: str) -> PolicyState:
+        return self._policies.get(model_id, NO_POLICY)
+
+    def policies(self) -> dict[str, PolicyState]:
+        return dict(self._policies)
+
     # -- placement (the request path) ----------------------------------------------
 
     def place(self, model_id: str, sticky_key: str | None, request_id: str) -> Placement:
         route = self._routes.get(model_id)
         if route is None:
-            return NO_ROUTE
+            policy = self._policies.get(model_id)
+            if policy is None or not policy.policy.requires_approval:
+                return NO_ROUTE
+            return Placement("prod", policy.approved_versions())
         canary = route.spec.canary
         key = sticky_key or request_id
         if canary is not None and share_of(model_id, key) < canary.weight:
@@ -143,9 +192,8 @@ class Rollout:
             document.setdefault(artifact.model_id, {})[artifact.version] = record.model_dump()
         return document
 
-    def routed(self, model_id: str, body: Any) -> tuple[RouteSpec, dict[str, Any]]:
-        """Validate a route for ``model_id``; returns it and the routes document with it."""
-        spec = parsed(RouteSpec, body)
+    def routed(self, model_id: str, spec: RouteSpec) -> dict[str, Any]:
+        """Validate a route for ``model_id``; returns the routes document with it."""
         for stage in ("canary", "shadow"):
             if spec.versions().get(stage) == spec.prod:
                 raise InvalidRequest(
@@ -160,9 +208,35 @@ class Rollout:
                     param=stage if stage == "prod" else f"{stage}.version",
                     code="unknown_version",
                 )  # fmt: skip
-        current = self._routes.get(model_id)
-        approvals = dict(current.approvals) if current else {}
-        return spec, self._routes_document({model_id: RouteState(spec, approvals)})
+        self.check_approved(model_id, spec)
+        return self._routes_document({model_id: RouteState(spec)})
+
+    def check_approved(self, model_id: str, spec: RouteSpec) -> None:
+        """403 ``approval_required`` if ``spec`` would send traffic its model's policy
+        keeps from unapproved versions to one."""
+        for stage, version in self.unapproved_stages(model_id, spec):
+            raise Forbidden(
+                f"{model_id} version {version!r} needs a reviewer's approval before it "
+                f"serves {stage} traffic under the model's policy (POST "
+                f"/admin/v1/routes/{model_id}/approve with a reviewer token)",
+                param=stage if stage == "prod" else f"{stage}.version",
+                code="approval_required",
+            )  # fmt: skip
+
+    def unapproved_stages(self, model_id: str, spec: RouteSpec) -> list[tuple[str, str]]:
+        """(stage, version) of each stage of ``spec`` whose version the policy wants
+        approved and no reviewer approved."""
+        policy = self.policy(model_id)
+        weights = {"prod": 1.0, "canary": spec.canary.weight if spec.canary else 0.0}
+        return [
+            (stage, version) for stage, version in spec.versions().items()
+            if policy.policy.needs_approval(stage, weights.get(stage, 0.0))
+            and not policy.approved(version)
+        ]  # fmt: skip
+
+    def with_policy(self, model_id: str, policy: PolicyState) -> dict[str, Any]:
+        policies = {**self._policies, model_id: policy}
+        return {name: state.as_dict() for name, state in policies.items()}
 
     def without_route(self, model_id: str) -> dict[str, Any]:
         document = self._routes_document({})

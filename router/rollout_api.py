@@ -2,8 +2,9 @@
 promotion and rollback, reviewers' approvals and the review queue.
 
 Reads need ``viewer``; registering and routing need ``operator``; approving a version and
-the review queue need ``reviewer`` (``settings.SCOPE_GRANTS``). A bad change is a 400
-naming the field, and the old registry or route stays in force.
+the review queue need ``reviewer`` (``settings.SCOPE_GRANTS``). A model's policy may be
+written by an operator or a reviewer, and only a reviewer may loosen it. A bad change is
+a 400 naming the field, and the old registry, route or policy stays in force.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from contracts.rollout import Approval, ModelArtifact, RouteSpec
-from router.access import Access, Route, actor_of, parts_of
+from contracts.rollout import Approval, ModelArtifact, ModelPolicy, RouteSpec
+from router.access import Access, Route, actor_of, may, parts_of
 from router.admin_api import state_down
 from router.errors import InvalidRequest, NotFound
 from router.http_io import json_body, parsed
-from router.rollout import RouteState
+from router.rollout import PolicyState, RouteState
 from router.shadow import summary
 from router.state.base import StateUnavailable
 
@@ -100,7 +101,10 @@ async def put_route(request: Request, model_id: str) -> dict[str, Any]:
 
 
 async def delete_route(request: Request, model_id: str) -> dict[str, Any]:
-    await _guarded(parts_of(request).rollout.delete_route(model_id, actor_of(request)))
+    parts = parts_of(request)
+    versions = frozenset(w.registration.model_version for w in parts.registry.workers()
+                         if w.registration.model == model_id)  # fmt: skip
+    await _guarded(parts.rollout.delete_route(model_id, actor_of(request), versions))
     return {"deleted": model_id}
 
 
@@ -117,7 +121,40 @@ async def rollback(request: Request, model_id: str) -> dict[str, Any]:
 async def approve(request: Request, model_id: str) -> dict[str, Any]:
     approval = parsed(Approval, await json_body(request, 8192))
     await _guarded(parts_of(request).rollout.approve(model_id, approval, actor_of(request)))
-    return await get_route(request, model_id)
+    return await get_policy(request, model_id)
+
+
+# -- policies -------------------------------------------------------------------------
+
+
+async def get_policy(request: Request, model_id: str) -> dict[str, Any]:
+    """The model's policy and approvals (the default policy when none was set)."""
+    return _policy_view(request, model_id, parts_of(request).rollout.rollout.policy(model_id))
+
+
+async def list_policies(request: Request) -> dict[str, Any]:
+    policies = parts_of(request).rollout.rollout.policies()
+    return {"policies": {m: _policy_view(request, m, p) for m, p in policies.items()}}
+
+
+async def put_policy(request: Request, model_id: str) -> dict[str, Any]:
+    body = await json_body(request, _BODY_BYTES)
+    control = parts_of(request).rollout
+    change = control.set_policy(model_id, body, actor_of(request),
+                                may_loosen=may(request, Access.REVIEWER))  # fmt: skip
+    await _guarded(change)
+    return await get_policy(request, model_id)
+
+
+def _policy_view(request: Request, model_id: str, state: PolicyState) -> dict[str, Any]:
+    """The policy, and the stages its route now serves from versions no reviewer approved
+    (a policy tightened under a live route): the operator's next route change fixes them."""
+    view = {"model_id": model_id, **state.as_dict()}
+    route = parts_of(request).rollout.rollout.route(model_id)
+    if route is not None:
+        unapproved = parts_of(request).rollout.rollout.unapproved_stages(model_id, route.spec)
+        view["unapproved_serving"] = [stage for stage, _ in unapproved]
+    return view
 
 
 async def shadow_records(request: Request, model_id: str) -> dict[str, Any]:
@@ -154,6 +191,7 @@ async def mark_review(request: Request, item_id: str) -> dict[str, Any]:
 
 
 _ROUTE = "/admin/v1/routes/{model_id}"
+_POLICY = "/admin/v1/policies/{model_id}"
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/admin/v1/models", register_model, Access.OPERATOR, body=ModelArtifact),
     Route("GET", "/admin/v1/models", list_models, Access.VIEWER),
@@ -164,6 +202,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", f"{_ROUTE}/promote", promote, Access.OPERATOR),
     Route("POST", f"{_ROUTE}/rollback", rollback, Access.OPERATOR),
     Route("POST", f"{_ROUTE}/approve", approve, Access.REVIEWER, body=Approval),
+    Route("GET", "/admin/v1/policies", list_policies, Access.VIEWER),
+    Route("GET", _POLICY, get_policy, Access.VIEWER),
+    Route("PUT", _POLICY, put_policy, Access.POLICY, body=ModelPolicy),
     Route("GET", f"{_ROUTE}/shadow", shadow_records, Access.VIEWER),
     Route("GET", "/admin/v1/review", list_review, Access.REVIEWER),
     Route("POST", "/admin/v1/review/{item_id}", mark_review, Access.REVIEWER, body=ReviewMark),

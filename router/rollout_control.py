@@ -7,8 +7,10 @@ change, refused or not, is in the audit log with the caller's name; the gate's a
 rollbacks with the name ``gate``.
 
 Promotion: the canary becomes prod when its gate's verdict is within bounds (409
-otherwise, with the figures) and, if the route requires it, a reviewer approved that
-version (403 otherwise). Rollback drops the canary. ``judge_forever`` rolls a canary back
+otherwise, with the figures) and, if the model's policy requires it, a reviewer approved
+that version (403 otherwise). Every route change (put, promote) is held to the policy the
+same way (``Rollout.check_approved``). Rollback drops the canary. The policy is the
+reviewers': an operator may only tighten it (``set_policy``). ``judge_forever`` rolls a canary back
 on its own when the gate breaches and says ``auto_rollback``.
 """
 
@@ -19,11 +21,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from contracts.rollout import Approval, ModelArtifact, RouteSpec
+from contracts.rollout import Approval, ModelArtifact, ModelPolicy, RouteSpec
 from router.errors import APIError, Forbidden, InvalidRequest, NotFound, RequestTooLarge
+from router.http_io import parsed
 from router.rollout import (
+    POLICIES_DOCUMENT,
     REGISTRY_DOCUMENT,
     ROUTES_DOCUMENT,
+    PolicyState,
     Rollout,
     RouteState,
     approval_record,
@@ -38,11 +43,16 @@ GATE_ACTOR = "gate"
 
 
 def _summary(spec: RouteSpec) -> dict[str, Any]:
-    """A route as the audit log keeps it: the stages and the names of its checks (a
-    policy's blocklist may be large, and the log keeps thousands of entries)."""
+    """A route as the audit log keeps it: its stages."""
+    return spec.model_dump(mode="json", include={"prod", "canary", "shadow"})
+
+
+def _policy_summary(policy: ModelPolicy) -> dict[str, Any]:
+    """A policy as the audit log keeps it: the names of its checks, not their contents (a
+    blocklist may be large, and the log keeps thousands of entries)."""
     return {
-        **spec.model_dump(mode="json", include={"prod", "canary", "shadow", "requires_approval"}),
-        "safety_checks": [check.name for check in spec.safety.checks],
+        **policy.model_dump(mode="json", exclude={"safety"}),
+        "safety_checks": [check.name for check in policy.safety.checks],
     }
 
 
@@ -80,6 +90,9 @@ class RolloutControl:
         if name in (None, ROUTES_DOCUMENT):
             found = await self._state.document(ROUTES_DOCUMENT)
             self.rollout.load_routes(*(found or (0, {})))
+        if name in (None, POLICIES_DOCUMENT):
+            found = await self._state.document(POLICIES_DOCUMENT)
+            self.rollout.load_policies(*(found or (0, {})))
 
     # -- changes ----------------------------------------------------------------------
 
@@ -92,22 +105,32 @@ class RolloutControl:
         )  # fmt: skip
 
     async def set_route(self, model_id: str, body: Any, actor: str) -> RouteSpec:
-        chosen: list[RouteSpec] = []
+        spec = parsed(RouteSpec, body)
+        await self._write(
+            ROUTES_DOCUMENT, "set_route", model_id, actor,
+            lambda: self.rollout.routed(model_id, spec), detail=_summary(spec),
+        )  # fmt: skip
+        return spec
 
-        def build() -> dict[str, Any]:
-            spec, document = self.rollout.routed(model_id, body)
-            chosen.append(spec)
-            return document
+    async def delete_route(
+        self, model_id: str, actor: str, worker_versions: frozenset[str | None] = frozenset()
+    ) -> None:
+        """Drop the route. Under a policy that requires approval, refused (403) while a
+        worker of an unapproved version is registered: without a route, the workers say
+        what serves (though placement still keeps such a model to approved versions)."""
 
-        def detail() -> dict[str, Any]:
-            return _summary(chosen[-1]) if chosen else {}
-
-        await self._write(ROUTES_DOCUMENT, "set_route", model_id, actor, build, detail=detail)
-        return chosen[-1]
-
-    async def delete_route(self, model_id: str, actor: str) -> None:
         def build() -> dict[str, Any]:
             self._route(model_id)
+            policy = self.rollout.policy(model_id)
+            unapproved = sorted(str(v) for v in worker_versions
+                                if v is None or not policy.approved(v))  # fmt: skip
+            if policy.policy.requires_approval and unapproved:
+                raise Forbidden(
+                    f"{model_id}'s policy requires approval and workers of unapproved "
+                    f"versions are registered ({', '.join(unapproved)}): keep a route, or "
+                    "have a reviewer approve them first",
+                    code="approval_required",
+                )  # fmt: skip
             return self.rollout.without_route(model_id)
 
         await self._write(ROUTES_DOCUMENT, "delete_route", model_id, actor, build)
@@ -122,17 +145,12 @@ class RolloutControl:
                 raise InvalidRequest(f"{model_id} has no canary to promote", param="canary")
             verdict = self.verdict(model_id)
             verdicts.append(verdict)
-            if route.spec.requires_approval and not route.approved(canary.version):
-                raise Forbidden(
-                    f"{model_id} version {canary.version!r} needs a reviewer's approval "
-                    "before prod (POST .../approve with a reviewer token)",
-                    code="approval_required",
-                )  # fmt: skip
+            spec = route.spec.model_copy(update={"prod": canary.version, "canary": None})
+            self.rollout.check_approved(model_id, spec)
             if not verdict.within:
                 why = "; ".join(verdict.breaches or verdict.notes)
                 raise GateNotMet(f"the canary's gate is not met: {why}", code="gate_not_met")
-            spec = route.spec.model_copy(update={"prod": canary.version, "canary": None})
-            return self.rollout.with_route(model_id, RouteState(spec, route.approvals))
+            return self.rollout.with_route(model_id, RouteState(spec))
 
         def detail() -> dict[str, Any]:
             return {"gate": verdicts[-1].as_dict()} if verdicts else {}
@@ -147,7 +165,7 @@ class RolloutControl:
             if route.spec.canary is None:
                 raise InvalidRequest(f"{model_id} has no canary to roll back", param="canary")
             spec = route.spec.model_copy(update={"canary": None})
-            return self.rollout.with_route(model_id, RouteState(spec, route.approvals))
+            return self.rollout.with_route(model_id, RouteState(spec))
 
         await self._write(ROUTES_DOCUMENT, "rollback", model_id, actor, build,
                           detail={"why": why} if why else {})  # fmt: skip
@@ -155,18 +173,42 @@ class RolloutControl:
 
     async def approve(self, model_id: str, approval: Approval, actor: str) -> None:
         def build() -> dict[str, Any]:
-            route = self._route(model_id)
             if self.rollout.artifact(model_id, approval.version) is None:
                 raise InvalidRequest(
                     f"{model_id} has no registered version {approval.version!r}",
                     param="version", code="unknown_version",
                 )  # fmt: skip
+            current = self.rollout.policy(model_id)
             record = approval_record(approval, by=actor, at_unix_s=self._wall_clock())
-            approvals = {**route.approvals, approval.version: record}
-            return self.rollout.with_route(model_id, RouteState(route.spec, approvals))
+            approvals = {**current.approvals, approval.version: record}
+            return self.rollout.with_policy(model_id, PolicyState(current.policy, approvals))
 
-        await self._write(ROUTES_DOCUMENT, approval.decision, f"{model_id}@{approval.version}",
+        await self._write(POLICIES_DOCUMENT, approval.decision, f"{model_id}@{approval.version}",
                           actor, build, detail={"note": approval.note})  # fmt: skip
+
+    async def set_policy(
+        self, model_id: str, body: Any, actor: str, *, may_loosen: bool
+    ) -> ModelPolicy:
+        """Replace ``model_id``'s policy. Without ``may_loosen`` (a reviewer's scope) only
+        a stricter policy is accepted: 403 ``reviewer_required`` names what loosens."""
+        policy = parsed(ModelPolicy, body)
+        changes: list[str] = []
+
+        def build() -> dict[str, Any]:
+            current = self.rollout.policy(model_id)
+            changes[:] = current.policy.loosened_by(policy)
+            if changes and not may_loosen:
+                raise Forbidden(
+                    f"only a reviewer may loosen {model_id}'s policy: {'; '.join(changes)}",
+                    code="reviewer_required",
+                )  # fmt: skip
+            return self.rollout.with_policy(model_id, PolicyState(policy, current.approvals))
+
+        def detail() -> dict[str, Any]:
+            return {**_policy_summary(policy), "loosened": list(changes)}
+
+        await self._write(POLICIES_DOCUMENT, "set_policy", model_id, actor, build, detail=detail)
+        return policy
 
     # -- the gate --------------------------------------------------------------------
 
@@ -220,7 +262,10 @@ class RolloutControl:
         detail: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """Build the new document from the current view and write it if nobody wrote in
-        between; a refusal (an ``APIError`` from ``build``) is audited and re-raised."""
+        between. A refusal (an ``APIError`` from ``build``) is re-raised; a 403 (a change
+        the caller's policy or scope forbids) is audited too, since who tried to get
+        around the policy is what an auditor looks for. Other refusals (a malformed or
+        inconsistent change) leave the audit log as it was."""
         try:
             for _ in range(_ATTEMPTS):
                 value = build()
@@ -241,13 +286,16 @@ class RolloutControl:
                 return
             raise APIError(f"{document} kept changing under this write; try again")
         except APIError as error:
-            await self._audit(action, target, actor, f"refused: {error.message}", detail)
+            if error.status == 403:
+                await self._audit(action, target, actor, f"refused: {error.message}", detail)
             raise
 
     def _version_of(self, document: str) -> int:
         """The version this replica's view of ``document`` was read at."""
         if document == REGISTRY_DOCUMENT:
             return self.rollout.registry_version
+        if document == POLICIES_DOCUMENT:
+            return self.rollout.policies_version
         return self.rollout.routes_version
 
     async def _audit(

@@ -65,7 +65,8 @@ class RolloutPath:
     def place(self, request: PreparedRequest, headers: Mapping[str, str]) -> PreparedRequest:
         route = self._rollout.route(request.model)
         if route is None:
-            return request
+            placement = self._rollout.place(request.model, None, "")
+            return dataclasses.replace(request, version=placement.version)
         placement = self._rollout.place(
             request.model, _sticky_key(route.spec, request, headers), request_id_var.get()
         )
@@ -84,12 +85,12 @@ class RolloutPath:
     # -- safety -------------------------------------------------------------------------
 
     def screen(self, model: str) -> Screen | None:
-        route = self._rollout.route(model)
-        if route is None or not route.spec.safety.checks:
+        safety = self._rollout.policy(model).policy.safety
+        if not safety.checks:
             return None
         screen = self._screens.get(model)
-        if screen is None or screen.policy != route.spec.safety:
-            screen = Screen(route.spec.safety, model=model, call_hook=self._call_hook)
+        if screen is None or screen.policy != safety:
+            screen = Screen(safety, model=model, call_hook=self._call_hook)
             self._screens[model] = screen
         return screen
 
@@ -158,7 +159,8 @@ class RolloutPath:
             self._metrics.safety_hits.labels(request.model, hit.direction, hit.action).inc()
         if hits:
             await self.review.add(
-                hits, model=request.model, stage=request.stage, version=request.version,
+                hits, model=request.model, stage=request.stage,
+                version=request.version if isinstance(request.version, str) else None,
                 policy=screen.policy, prompt=text,
             )  # fmt: skip
 

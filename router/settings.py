@@ -9,10 +9,18 @@ accepted beside ``RouterSettings(leases=LeaseSettings(kv_lease_s=10))``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from router.cost import parse_prices
 from router.scheduling_plugins import DECIDERS, POLICIES, parse_weights
@@ -24,14 +32,20 @@ def _pairs(spec: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in pairs}
 
 
+# The scopes a person's token (``admin_tokens``) may have. ``agent`` is not among them:
+# an agent's token is minted per worker from ``agent_secret`` (``contracts.agent_tokens``).
 SCOPES = ("viewer", "operator", "reviewer", "admin")
 # What each scope may do. ``admin`` does not include ``reviewer``: approving a version
-# for prod is a duty of its own, so whoever rolls a version out cannot also approve it.
+# for prod and loosening a model's policy are duties of their own, so whoever rolls a
+# version out cannot also approve it. ``policy`` (writing a model's policy) is shared by
+# operators and reviewers; only a reviewer may loosen one (``RolloutControl.set_policy``).
+# ``agent`` (register, heartbeat and deregister its own worker) is nobody else's duty.
 SCOPE_GRANTS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"viewer"}),
-    "operator": frozenset({"viewer", "operator"}),
-    "reviewer": frozenset({"viewer", "reviewer"}),
-    "admin": frozenset({"viewer", "operator", "admin"}),
+    "operator": frozenset({"viewer", "operator", "policy"}),
+    "reviewer": frozenset({"viewer", "reviewer", "policy"}),
+    "admin": frozenset({"viewer", "operator", "policy", "admin"}),
+    "agent": frozenset({"agent"}),
 }
 
 
@@ -46,12 +60,32 @@ class ServerSettings(_Group):
     port: int = Field(8000, ge=1, le=65535, description="HTTP port for the API and admin.")
     admin_token: str | None = Field(
         None,
-        description="Bearer token for /admin (worker registration, config). "
-        "Unset: the admin API answers 403.",
+        description="An admin-scoped bearer token named `admin`, for people (the scoped ones "
+        "are `admin_tokens`). No admin token set at all: the admin API answers 403.",
+    )
+    agent_secret: str | None = Field(
+        None,
+        description="The secret agents' tokens are minted from, one per worker id "
+        "(`pdserve agent-token`): an agent may register, heartbeat and deregister its own "
+        "worker, nothing else. Unset: no agent can register.",
+    )
+    allowed_worker_networks: tuple[str, ...] = Field(
+        ("127.0.0.0/8", "::1/128"),
+        description="CIDRs a registering worker's engine_url, KV event and NIXL hosts must "
+        "fall in (comma-separated in env); a host name must resolve inside them. Default: "
+        "loopback, as `pdserve up` runs.",
     )
     api_keys: tuple[str, ...] = Field(
         (), description="Client API keys (comma-separated in env). Empty: no client auth."
     )
+
+    @field_validator("allowed_worker_networks")
+    @classmethod
+    def _networks(cls, networks: tuple[str, ...]) -> tuple[str, ...]:
+        for network in networks:
+            ipaddress.ip_network(network, strict=False)  # a ValueError names the bad one
+        return networks
+
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest request body; beyond it: 413."
     )
@@ -360,9 +394,9 @@ class ControlSettings(_Group):
         "",
         description="Scoped admin tokens, `name:scope:token,...`; scopes: viewer (read), "
         "operator (pools, drains, models, routes, promote, rollback), reviewer (read, the "
-        "review queue, approving versions for prod), admin (all but reviewing). "
-        "`admin_token` is an admin token named `agents`. Names, never tokens, go into the "
-        "audit log.",
+        "review queue, approving versions, loosening a model's policy), admin (all but "
+        "reviewing). `admin_token` is an admin token named `admin`. Names, never tokens, go "
+        "into the audit log.",
     )
     rerole_step_workers: int = Field(
         1, ge=1, le=64, description="Workers a P:D ratio change re-roles at once."
@@ -663,7 +697,8 @@ class RouterSettings(BaseModel):
             raw = os.environ.get(f"PDSERVE_{name.upper()}")
             if raw is None:
                 continue
-            values[name] = tuple(k for k in raw.split(",") if k) if name == "api_keys" else raw
+            listed = name in ("api_keys", "allowed_worker_networks")
+            values[name] = tuple(k.strip() for k in raw.split(",") if k.strip()) if listed else raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**values)

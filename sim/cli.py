@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import signal
 from collections.abc import Sequence
@@ -81,7 +82,13 @@ def main(args: argparse.Namespace) -> int:
         faults = SimFaults.model_validate_json(args.faults)
     except ValueError as error:
         raise SystemExit(f"--faults: {error}") from None
-    admin_token = os.environ.get("PDSERVE_ADMIN_TOKEN") or None
+    admin_token = os.environ.get("PDSERVE_SIM_ADMIN_TOKEN") or None
+    if admin_token is None and not _loopback(args.host):
+        # Anyone who reaches /sim/faults can crash or hang the engine.
+        raise SystemExit(
+            f"pdserve sim: binding {args.host} beyond loopback needs PDSERVE_SIM_ADMIN_TOKEN "
+            "(its fault and cache-reset endpoints would be open to the network)"
+        )
     configs = [
         SimConfig(
             model_dir=args.model, served_model_name=args.served_model_name, role=args.role,
@@ -95,6 +102,13 @@ def main(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     asyncio.run(serve(configs))
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _nth_endpoint(endpoint: str | None, index: int) -> str | None:

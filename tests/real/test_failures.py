@@ -36,7 +36,7 @@ def test_failed_prefill_is_retried_on_another_prefill_worker(cluster, router_url
         # Round-robin meets the dead worker within two requests, unless the router's own
         # health probe takes it out first; registering again puts it back in rotation.
         for _ in range(10):
-            cluster.admin("POST", "/admin/workers/register", dead)
+            cluster.admin("POST", "/admin/workers/register", dead, as_worker="prefill-dead")
             for _ in range(2):
                 body = {"model": MODEL, "prompt": "retry me", "max_tokens": 4}
                 result = generate(router_url, "/v1/completions", body)
@@ -47,7 +47,7 @@ def test_failed_prefill_is_retried_on_another_prefill_worker(cluster, router_url
         assert retries() > before
         assert cluster.worker_status()["prefill-dead"]["healthy"] is False
     finally:
-        cluster.admin("DELETE", "/admin/workers/prefill-dead")
+        cluster.admin("DELETE", "/admin/workers/prefill-dead", as_worker="prefill-dead")
 
 
 def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_url):

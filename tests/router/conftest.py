@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from contracts.agent_tokens import agent_token
 from localrun.ports import free_ports
 
 ADMIN_TOKEN = "test-admin-token"
+AGENT_SECRET = "test-agent-secret"
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,15 @@ class RouterProcess:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         return httpx.request(method, self.url + path, json=json, headers=headers, timeout=10)
 
+    def agent(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+        """Call as the agent of the worker named in the body (or, with none, the path)."""
+        worker_id = json["worker_id"] if json else path.rsplit("/", 1)[-1]
+        headers = {"Authorization": f"Bearer {agent_token(AGENT_SECRET, worker_id)}"}
+        return httpx.request(method, self.url + path, json=json, headers=headers, timeout=10)
+
     def register(self, worker_id: str, role: str, model: str, engine_url: str) -> None:
         worker = {"worker_id": worker_id, "role": role, "model": model, "engine_url": engine_url}
-        assert self.admin("POST", "/admin/workers/register", worker).status_code == 200
+        assert self.agent("POST", "/admin/workers/register", worker).status_code == 200
 
 
 @contextlib.contextmanager
@@ -67,6 +75,7 @@ def running_router(**settings: str) -> Iterator[RouterProcess]:
 def router() -> Iterator[RouterProcess]:
     with running_router(
         PDSERVE_ADMIN_TOKEN=ADMIN_TOKEN,
+        PDSERVE_AGENT_SECRET=AGENT_SECRET,
         PDSERVE_MAX_BODY_BYTES="65536",
         # The router's own probe would take dead test workers out of rotation mid-test.
         PDSERVE_HEALTH_INTERVAL_S="3600",

@@ -68,6 +68,10 @@ def test_unknown_model_is_404(router):
     assert (error["param"], error["code"]) == ("model", "model_not_found")
 
 
+def listed(router) -> set[str]:
+    return {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=10).json()["data"]}
+
+
 def test_a_pool_without_decode_is_503_with_retry_after(router):
     router.register("p-only", "prefill", "half-model", dead_url())
     response = post(router, "/v1/chat/completions", json={**CHAT, "model": "half-model"})
@@ -80,7 +84,7 @@ def test_a_worker_that_says_not_ready_gets_no_traffic(router):
     router.register("p-busy", "prefill", "warming", dead_url())
     router.register("d-busy", "decode", "warming", dead_url())
     beat = {"worker_id": "d-busy", "ready": False}
-    assert router.admin("POST", "/admin/workers/heartbeat", beat).status_code == 200
+    assert router.agent("POST", "/admin/workers/heartbeat", beat).status_code == 200
     response = post(router, "/v1/completions", json={"model": "warming", "prompt": "hi"})
     assert response.status_code == 503
 
@@ -105,17 +109,17 @@ def test_admin_api_requires_the_token(router, headers):
 
 
 def test_deregistering_takes_a_worker_and_its_model_away(router):
-    router.register("p-gone", "prefill", "retired", dead_url())
-    assert "retired" in {m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]}
-    assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 200
-    assert "retired" not in {m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]}
-    assert router.admin("DELETE", "/admin/workers/p-gone").status_code == 404
+    router.register("c-gone", "colocated", "retired", dead_url())
+    assert "retired" in listed(router)
+    assert router.agent("DELETE", "/admin/workers/c-gone").status_code == 200
+    assert "retired" not in listed(router)
+    assert router.agent("DELETE", "/admin/workers/c-gone").status_code == 404
 
 
 def test_a_registration_the_router_cannot_route_is_refused_with_400(router):
     worker = {"worker_id": "p-xx", "role": "prefill", "model": "xx-model",
               "engine_url": dead_url(), "prefix_caching_hash_algo": "xxhash"}  # fmt: skip
-    answer = router.admin("POST", "/admin/workers/register", worker)
+    answer = router.agent("POST", "/admin/workers/register", worker)
     assert answer.status_code == 400
     assert "prefix_caching_hash_algo" in answer.json()["error"]["message"]
     workers = router.admin("GET", "/admin/workers").json()["workers"]

@@ -11,5 +11,5 @@ def set_faults(cluster: LocalCluster, worker: str, **faults: object) -> httpx.Re
     return httpx.post(
         cluster.worker(worker).engine_url + "/sim/faults",
         json=faults,
-        headers={"Authorization": f"Bearer {cluster.admin_token}"},
+        headers={"Authorization": f"Bearer {cluster.engine_token}"},
     )

@@ -160,7 +160,7 @@ def test_a_prefix_cache_reset_reaches_the_index_as_all_blocks_cleared(sim_cluste
     wait_for(lambda: index_blocks(sim_cluster, worker) >= 2, 10, "its blocks in the index")
     reset = httpx.post(
         sim_cluster.worker(worker).engine_url + "/reset_prefix_cache",
-        headers={"Authorization": f"Bearer {sim_cluster.admin_token}"},
+        headers={"Authorization": f"Bearer {sim_cluster.engine_token}"},
     )
     assert reset.status_code == 200
     wait_for(lambda: index_blocks(sim_cluster, worker) == 0, 10, "AllBlocksCleared applied")

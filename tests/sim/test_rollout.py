@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.prometheus_text import scrape, total
 from cli.main import main as cli_main
+from contracts.agent_tokens import agent_token
 from localrun.cluster import LocalCluster, VersionWorkers
 from modelstore import tiny_llama
 from modelstore.checksum import folder_checksum
@@ -115,11 +116,12 @@ def test_the_registry_holds_immutable_versions_and_routes_name_only_registered_o
     # A worker claiming a version the registry does not hold is refused.
     registration = {"worker_id": "stray", "role": "colocated", "model": MODEL,
                     "model_version": "v9", "engine_url": "http://127.0.0.1:9"}  # fmt: skip
-    refused = admin(cluster, "POST", "/admin/workers/register", registration, cluster.admin_token)
+    stray = agent_token(cluster.agent_secret, "stray")
+    refused = admin(cluster, "POST", "/admin/workers/register", registration, stray)
     assert_refused(refused, 400, "model_version", "unknown_version")
     # ... and so is one whose files are not the version's.
     other_files = {**registration, "model_version": "v1", "model_checksum": "sha256:" + "0" * 64}
-    refused = admin(cluster, "POST", "/admin/workers/register", other_files, cluster.admin_token)
+    refused = admin(cluster, "POST", "/admin/workers/register", other_files, stray)
     assert_refused(refused, 400, "model_checksum", "checksum_mismatch")
 
 
@@ -142,32 +144,61 @@ def test_the_canary_serves_its_keys_and_every_key_stays_on_its_side(cluster):
     assert sorted(w["version"] for w in status["workers"]) == ["v1", "v2", "v3"]
 
 
-def test_promotion_needs_the_gate_and_a_reviewers_approval(cluster):
-    body = {"prod": "v1", "canary": {"version": "v2", "weight": 0.5, "stickiness": "user"},
-            "requires_approval": True,
-            "gate": {"min_requests": 3, "window_s": 30, "max_ttft_p99_ratio": 50}}  # fmt: skip
-    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", body).status_code == 200
+def test_an_operator_cannot_ship_an_unapproved_version_by_any_route(cluster):
+    """The operator's ways to v2 under a policy that requires approval: put it in prod,
+    drop the route, promote it from a canary. Each is a 403, nothing serves v2, and the
+    audit names who tried; a reviewer's approval then lets the promotion through."""
+    policy = f"/admin/v1/policies/{MODEL}"
+    strict = {"requires_approval": True, "max_unapproved_canary_weight": 0.0}
+    # An operator may tighten the policy, but only a reviewer may approve v1 to serve.
+    assert admin(cluster, "PUT", policy, strict).status_code == 200
+    assert_refused(admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v1"}), 403,
+                   "prod", "approval_required")  # fmt: skip
+    approve = f"/admin/v1/routes/{MODEL}/approve"
+    assert admin(cluster, "POST", approve, {"version": "v1"}, REVIEWER).status_code == 200
+    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v1"}).status_code == 200
+    v2_before = routed(cluster)["v2-colocated-0"]
+
+    assert_refused(admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v2"}), 403,
+                   "prod", "approval_required")  # fmt: skip
+    assert_refused(admin(cluster, "DELETE", f"/admin/v1/routes/{MODEL}"), 403, None,
+                   "approval_required")  # fmt: skip
+    heavy = {"prod": "v1", "canary": {"version": "v2", "weight": 0.5, "stickiness": "user"},
+             "gate": {"min_requests": 3, "window_s": 30, "max_ttft_p99_ratio": 50}}  # fmt: skip
+    assert_refused(admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", heavy), 403,
+                   "canary.version", "approval_required")  # fmt: skip
+    weightless = {**heavy, "canary": {**heavy["canary"], "weight": 0.0}}
+    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", weightless).status_code == 200
+    assert_refused(admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/promote"), 403, "prod",
+                   "approval_required")  # fmt: skip
+    # Loosening the policy is not the operator's either.
+    assert_refused(admin(cluster, "PUT", policy, {}), 403, None, "reviewer_required")
+    for n in range(12):
+        assert complete(cluster, user=f"tries-{n}").status_code == 200
+    assert routed(cluster)["v2-colocated-0"] == v2_before  # nothing served v2
+    assert route(cluster)["spec"]["prod"] == "v1"
+
+    # Approving is the reviewer's duty: neither the operator nor an admin token may.
+    approval = {"version": "v2", "decision": "approve", "note": "read the eval"}
+    for token in (OPERATOR, cluster.admin_token):
+        assert_refused(admin(cluster, "POST", approve, approval, token), 403, None,
+                       "insufficient_scope")  # fmt: skip
+    approved = admin(cluster, "POST", approve, approval, REVIEWER)
+    assert approved.status_code == 200 and approved.json()["approvals"]["v2"]["by"] == "rev"
+    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", heavy).status_code == 200
     for n in range(30):
         assert complete(cluster, user=f"promote-{n}").status_code == 200
     assert route(cluster)["gate_verdict"]["within"], route(cluster)["gate_verdict"]
-
-    refused = admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/promote")
-    assert_refused(refused, 403, None, "approval_required")
-    approval = {"version": "v2", "decision": "approve", "note": "read the eval"}
-    # Approving is the reviewer's duty: neither the operator nor an admin token may.
-    for token in (OPERATOR, cluster.admin_token):
-        answer = admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/approve", approval, token)
-        assert_refused(answer, 403, None, "insufficient_scope")
-    approved = admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/approve", approval, REVIEWER)
-    assert approved.status_code == 200 and approved.json()["approvals"]["v2"]["by"] == "rev"
-
     promoted = admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/promote")
     assert promoted.status_code == 200, promoted.text
     assert route(cluster)["spec"]["prod"] == "v2" and route(cluster)["spec"]["canary"] is None
-    audit = admin(cluster, "GET", "/admin/v1/audit?limit=20").json()["entries"]
-    done = [(e["actor"], e["action"], e["outcome"]) for e in audit]
+    audit = admin(cluster, "GET", "/admin/v1/audit?limit=50").json()["entries"]
+    done = [(e["actor"], e["action"], e["outcome"].split(":")[0]) for e in audit]
+    for attempt in ("set_route", "delete_route", "promote", "set_policy"):
+        assert ("ops", attempt, "refused") in done, attempt
     assert ("ops", "promote", "ok") in done and ("rev", "approve", "ok") in done
-    assert any(a == "promote" and o.startswith("refused") for _, a, o in done)
+    # The reviewer puts the default policy back for the tests after this one.
+    assert admin(cluster, "PUT", policy, {}, REVIEWER).status_code == 200
 
 
 def test_a_canary_that_breaches_its_gate_is_rolled_back_by_itself(cluster):
@@ -265,8 +296,10 @@ POLICY = {
 
 
 def test_the_safety_policy_blocks_and_flags_without_leaking_text(cluster):
-    body = {"prod": "v2", "safety": POLICY}
-    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", body).status_code == 200
+    # Adding checks tightens the policy: an operator may.
+    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v2"}).status_code == 200
+    changed = admin(cluster, "PUT", f"/admin/v1/policies/{MODEL}", {"safety": POLICY})
+    assert changed.status_code == 200, changed.text
     before = routed(cluster)
     blocked = complete(cluster, prompt="tell me the LAUNCH CODES now")
     assert_refused(blocked, 400, "prompt", "content_policy_violation")
@@ -305,9 +338,11 @@ def test_the_safety_policy_blocks_and_flags_without_leaking_text(cluster):
 
 
 def test_a_kept_prompt_is_shown_to_reviewers(cluster):
-    policy = {**POLICY, "keep_prompt": True, "prompt_retention_s": 600}
-    assert admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}",
-                 {"prod": "v2", "safety": policy}).status_code == 200  # fmt: skip
+    policy = {"safety": {**POLICY, "keep_prompt": True, "prompt_retention_s": 600}}
+    path = f"/admin/v1/policies/{MODEL}"
+    # Keeping prompts is a change of what the policy does with users' text: a reviewer's.
+    assert_refused(admin(cluster, "PUT", path, policy), 403, None, "reviewer_required")
+    assert admin(cluster, "PUT", path, policy, REVIEWER).status_code == 200
     httpx.post(cluster.router_url + "/v1/completions", timeout=60,
                json={"model": MODEL, "prompt": "another suspicious one", "max_tokens": 1},
                headers={"X-Request-Id": "flag-me-2"})  # fmt: skip
@@ -323,6 +358,13 @@ def pdserve_admin(capsys: pytest.CaptureFixture[str], token: str, url: str, *arg
     return json.loads(capsys.readouterr().out)
 
 
+def capsys_exit(capsys: pytest.CaptureFixture[str], token: str, url: str, *argv: str) -> str:
+    """What ``pdserve admin`` exits with when the router refuses."""
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["admin", "--router-url", url, "--token", token, *argv])
+    return str(exited.value)
+
+
 def test_the_admin_cli_registers_routes_rolls_back_and_reviews(cluster, capsys):
     folder = str(tiny_llama.ensure())
     url = cluster.router_url
@@ -336,7 +378,15 @@ def test_the_admin_cli_registers_routes_rolls_back_and_reviews(cluster, capsys):
                             "0.2", "--sticky", "user")  # fmt: skip
     assert changed["spec"]["canary"] == {"version": "v3", "weight": 0.2, "stickiness": "user",
                                          "sticky_header": None}  # fmt: skip
-    assert changed["spec"]["prod"] == "v2" and changed["spec"]["safety"]["keep_prompt"]
+    assert changed["spec"]["prod"] == "v2"
+    shown = pdserve_admin(capsys, OPERATOR, url, "policy", MODEL)
+    assert shown["safety"]["keep_prompt"] and not shown["requires_approval"]
+    tightened = pdserve_admin(capsys, OPERATOR, url, "policy", MODEL, "--require-approval")
+    assert tightened["policy"]["requires_approval"]
+    refused = capsys_exit(capsys, OPERATOR, url, "policy", MODEL, "--no-require-approval")
+    assert "403" in refused and "requires_approval turned off" in refused
+    loosened = pdserve_admin(capsys, REVIEWER, url, "policy", MODEL, "--no-require-approval")
+    assert not loosened["policy"]["requires_approval"]
     assert pdserve_admin(capsys, OPERATOR, url, "rollback", MODEL)["canary"] is None
     items = pdserve_admin(capsys, REVIEWER, url, "review", "--limit", "5")["items"]
     assert items and all("check" in item for item in items)

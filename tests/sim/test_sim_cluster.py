@@ -186,7 +186,7 @@ def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster
     assert httpx.post(url, json={"slowdown": 2}).status_code == 401
     refused = set_faults(sim_cluster, "decode-1", slowdown=2, transfer_failure_probability=3)
     assert refused.status_code == 400
-    current = httpx.get(url, headers={"Authorization": f"Bearer {sim_cluster.admin_token}"})
+    current = httpx.get(url, headers={"Authorization": f"Bearer {sim_cluster.engine_token}"})
     assert current.json()["slowdown"] == 1.0, "a refused update changes nothing"
 
 

@@ -64,7 +64,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         cluster = LocalCluster(plan)
         router_b = process_group.spawn(
             [sys.executable, "-m", "cli.main", "router", "--port", str(port_b)],
-            env={**os.environ, **env, "PDSERVE_ADMIN_TOKEN": cluster.admin_token},
+            env={**os.environ, **env, **cluster.router_secrets()},
             log_path=run_dir / "router-b.log",
         )
         try:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.rollout import ModelArtifact, RouteSpec, SloGate
+from contracts.rollout import ModelArtifact, ModelPolicy, RouteSpec, SloGate
 from contracts.safety import SafetyPolicy
 from contracts.workers import WorkerRegistration, WorkerRole
 from router.errors import InvalidRequest, RequestTooLarge
+from router.http_io import parsed
 from router.rollout import Rollout
 from router.rollout_control import RolloutControl
 from router.rollout_gate import StageFigures, StageWindows, judge
@@ -39,7 +40,8 @@ def rollout_with(tmp_path: Path, *versions: str) -> Rollout:
 
 def test_the_canary_takes_its_weight_of_keys_and_each_key_keeps_its_side(tmp_path: Path):
     rollout = rollout_with(tmp_path, "v1", "v2")
-    _, document = rollout.routed("m", {"prod": "v1", "canary": {"version": "v2", "weight": 0.1}})
+    spec = RouteSpec.model_validate({"prod": "v1", "canary": {"version": "v2", "weight": 0.1}})
+    document = rollout.routed("m", spec)
     rollout.load_routes(1, document)
     first = {f"key-{n}": rollout.place("m", f"key-{n}", "rid").stage for n in range(2000)}
     share = sum(stage == "canary" for stage in first.values()) / len(first)
@@ -71,7 +73,7 @@ def test_without_a_route_any_version_serves(tmp_path: Path):
 def test_a_bad_route_is_refused_naming_the_field(tmp_path: Path, body: dict, param: str | None):
     rollout = rollout_with(tmp_path, "v1", "v2")
     with pytest.raises(InvalidRequest) as refused:
-        rollout.routed("m", body)
+        rollout.routed("m", parsed(RouteSpec, body))
     assert refused.value.param == param
 
 
@@ -187,8 +189,8 @@ async def test_a_hook_that_flags_queues_its_own_category():
 
 def test_a_pattern_that_does_not_compile_is_refused_naming_it():
     with pytest.raises(ValueError, match="does not compile"):
-        RouteSpec.model_validate({"prod": "v1", "safety": {"checks": [{"name": "p",
-                                  "patterns": ["(unclosed"]}]}})  # fmt: skip
+        ModelPolicy.model_validate({"safety": {"checks": [{"name": "p",
+                                    "patterns": ["(unclosed"]}]}})  # fmt: skip
 
 
 def test_a_word_cut_by_the_lookback_does_not_match_as_a_word_of_its_own():
@@ -208,16 +210,21 @@ def test_blocklist_phrases_match_across_punctuation_and_spacing():
     assert not screen.pattern_hits("input", "launch the codes")
 
 
-async def test_a_change_that_would_overflow_the_state_is_refused_and_audited(tmp_path: Path):
+async def test_a_change_that_would_overflow_the_state_is_refused_and_the_old_one_stays(
+    tmp_path: Path,
+):
     state = MemoryState(StateLimits(max_document_bytes=2048))
     control = RolloutControl(state, Rollout(), StageWindows(max_samples=10, clock=lambda: 0.0),
                              wall_clock=lambda: 0.0)  # fmt: skip
     await control.register(artifact("v1", tmp_path), "ops")
+    small = {"safety": {"checks": [{"name": "small", "blocklist": ["word0", "word1"]}]}}
+    await control.set_policy("m", small, "rev", may_loosen=True)
     words = [f"word{n}" for n in range(500)]
-    body = {"prod": "v1", "safety": {"checks": [{"name": "big", "blocklist": words}]}}
+    body = {"safety": {"checks": [{"name": "big", "blocklist": words}]}}
     with pytest.raises(RequestTooLarge):
-        await control.set_route("m", body, "ops")
-    assert control.rollout.route("m") is None
-    (*_, refused) = await state.audit(limit=5)
-    assert (refused.action, refused.outcome.split(":")[0]) == ("set_route", "refused")
-    assert "word1" not in str(refused.detail)  # the audit keeps check names, not blocklists
+        await control.set_policy("m", body, "rev", may_loosen=True)
+    assert [c.name for c in control.rollout.policy("m").policy.safety.checks] == ["small"]
+    (*_, written) = await state.audit(limit=5)
+    assert (written.action, written.outcome) == ("set_policy", "ok")  # the refusal: not logged
+    assert written.detail["safety_checks"] == ["small"]
+    assert "word1" not in str(written.detail)  # the audit keeps check names, not blocklists
