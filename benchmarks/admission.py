@@ -42,6 +42,7 @@ from benchmarks.prometheus_text import scrape, total
 from benchmarks.replay import Scheduled, replay
 from benchmarks.routing_policies import scaled_profile
 from benchmarks.traces import DEFAULT_TRACE
+from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
@@ -459,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             output_scale=32.0, max_input_tokens=16384)],
     }  # fmt: skip
     report: dict = {
+        "machine": machine_record(),
         "command": "python -m benchmarks.admission " + " ".join(argv or sys.argv[1:]),
         "slo_ms": args.slo_ms,
         "burst_s": args.burst_s,

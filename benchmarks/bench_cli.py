@@ -26,6 +26,7 @@ from benchmarks.metrics import SLO, summarize
 from benchmarks.replay import Scheduled, replay
 from benchmarks.report import write_report
 from benchmarks.traces import DEFAULT_TRACE
+from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 
 MAX_REQUESTS = 100_000
@@ -212,6 +213,7 @@ def run_once(args: argparse.Namespace, requests: list, rate: float) -> dict:
         "label": label,
         "series": args.label or f"{args.dataset}-{args.arrival}",
         "offered_rps": offered,
+        "machine": machine_record(),
         "command": "pdserve bench " + " ".join(argv),
         "config": config,
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},

@@ -29,6 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.client import RequestResult, stream_request
+from contracts.machine import describe, machine_record
 from sim.profile import TimingProfile
 
 PREFILL_LENGTHS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
@@ -173,6 +174,8 @@ def write_profile(profile: TimingProfile, sweep: Sweep, path: Path) -> None:
         + "; median TPOT (ms) by concurrent streams: "
         + json.dumps(sweep.decode_tpot_ms)
         + ". Not fitted (kept from the base profile): prefill_ms_per_context, "
-        "decode_ms_per_kv_ktoken, KV size and transfer terms."
+        "decode_ms_per_kv_ktoken, KV size and transfer terms. Measured on "
+        + describe(machine_record())
+        + "."
     )
     path.write_text(json.dumps(raw, indent=2) + "\n")

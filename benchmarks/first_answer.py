@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from contracts.machine import machine_record
 from localrun.ports import free_ports
 
 READY = "ready: OpenAI API at"
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": ("python -m benchmarks.first_answer " + " ".join(argv or sys.argv[1:])).strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "model": model,
+        "machine": machine_record(),
         "ready_after_start_s": round(ready_s, 1),
         "first_answer": first,
         "later_answers": answers[1:],

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.machine import machine_record
+
 ENGINE_SITE = Path(__file__).resolve().parents[1] / "agent" / "engine_site"
 BUFFER_BYTES = 16 << 20
 READS = 20
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "nixl_progress_delay.json").write_text(json.dumps({
+        "machine": machine_record(),
         "command": ("python -m benchmarks.nixl_progress_delay " + " ".join(argv or sys.argv[1:]))
         .strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

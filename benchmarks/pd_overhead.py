@@ -36,6 +36,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from contracts.machine import machine_record
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
     summary = summarise(samples)
     saved = {
+        "machine": machine_record(),
         "command": ("python -m benchmarks.pd_overhead " + " ".join(argv or sys.argv[1:])).strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "model": served, "requests_per_mode": args.requests, "max_tokens": MAX_TOKENS,

@@ -27,6 +27,7 @@ import aiohttp
 from benchmarks.client import RequestResult
 from benchmarks.metrics import error_kind, percentiles
 from benchmarks.replay import Scheduled, replay
+from contracts.machine import machine_record
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
@@ -115,6 +116,7 @@ def summarize(
     outside = [r for r in ok if r not in during]
     return {
         "title": "P:D ratio change under load (sims)",
+        "machine": machine_record(),
         "command": "python -m benchmarks.ratio_change " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "requests": len(results),

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.prometheus_text import scrape, total
+from contracts.machine import machine_record
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     ratios = {m: summary["pdserve bench"][m] / summary["vllm bench serve"][m] for m in METRICS}
     report = {
+        "machine": machine_record(),
         "command": ("python -m benchmarks.real_client " + " ".join(argv or sys.argv[1:])).strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "workload": {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN,

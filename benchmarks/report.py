@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from contracts.machine import describe
+
 
 def _cdf(axis, values: list[float], label: str) -> None:
     if values:
@@ -111,7 +113,12 @@ def write_report(runs: list[dict], out_dir: Path, title: str = "pdserve bench") 
         (out_dir / f"{name}.png").write_bytes(png)
         images.append(f'<h2>{name.replace("_", " ")}</h2><img alt="{name}" '
                       f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')  # fmt: skip
-    commands = "".join(f"<li><code>{html.escape(r.get('command', ''))}</code></li>" for r in runs)
+    commands = "".join(
+        f"<li><code>{html.escape(r.get('command', ''))}</code><br>"
+        f"{html.escape(describe(r['machine']) if r.get('machine') else 'machine not recorded')}"
+        "</li>"
+        for r in runs
+    )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}img{{max-width:100%}}</style>

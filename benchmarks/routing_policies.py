@@ -49,6 +49,7 @@ from benchmarks.traces import (
     oracle_hit_rate,
     read_trace,
 )
+from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
@@ -279,6 +280,7 @@ def main() -> int:
         "title": f"Mooncake trace, first {len(trace)} requests, speed x{args.speed:g}, lengths "
                  f"/{args.length_scale:g}; {args.prefill}P+{args.decode}D sims ({PROFILE}, "
                  f"time x{args.time_dilation:g})",
+        "machine": machine_record(),
         "command": "python -m benchmarks.routing_policies " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
         "oracle_hit_rate": oracle,

@@ -30,6 +30,7 @@ import aiohttp
 from agent.engine_spec import EngineSpec
 from benchmarks.calibration import fit_profile, fresh_prompt, measure_sweep, write_profile
 from benchmarks.client import RequestResult, stream_request
+from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 from localrun.engine_run import running_engine
 from localrun.ports import free_ports
@@ -154,6 +155,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pdserve-sim-calibration-"))
     report = {
+        "machine": machine_record(),
         "command": "python -m benchmarks.sim_calibration " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
         "tolerance": TOLERANCE,

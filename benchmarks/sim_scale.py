@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from contracts.machine import machine_record
 from modelstore import tiny_llama
 
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         process.terminate()
         process.wait(timeout=30)
     result = {
+        "machine": machine_record(),
         "command": "python -m benchmarks.sim_scale " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "sims": args.count,

@@ -89,3 +89,12 @@ def machine_record() -> dict:
         "memory_gib": memory_gib,
         "commit": _commit(),
     }
+
+
+def describe(record: dict) -> str:
+    """One line of a ``machine_record()``: for reports and plot titles."""
+    flags = " ".join(flag for flag, on in (record.get("cpu_flags") or {}).items() if on)
+    return (
+        f"{record.get('cpu_model', 'unknown CPU')}, {record.get('cores')} cores, "
+        f"flags: {flags or 'none of ' + ' '.join(SPEED_FLAGS)}, commit {record.get('commit')}"
+    )

@@ -1,5 +1,7 @@
 """``pdserve up`` in ``make run``'s shape (1 prefill + 1 decode) answers a streamed chat
-through the disaggregated path, and SIGTERM leaves no process behind.
+through the disaggregated path, and SIGTERM leaves no process behind. On the way it says
+which dtype its engines run and why (and they run it), and lists the model in
+``/v1/models`` only once a request to it succeeds: before, requests get a 503, never a 500.
 
 Marked ``own_engines``, so it runs before the shared session cluster starts: next
 to three busy vLLM engines on two cores, a fourth took over 6 minutes.
@@ -14,10 +16,13 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 
+from agent.engine_dtype import choose_dtype
 from benchmarks.prometheus_text import scrape, total
+from contracts.machine import read_cpu
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate
@@ -34,15 +39,16 @@ def test_pdserve_up_pd_answers_then_stops_without_orphans(tiny_model, tmp_path):
          "--run-dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
+        # The first request sent once the model is listed is the one that must succeed.
+        before = _until_listed(url, launcher, timeout_s=400)
+        result = generate(url, "/v1/chat/completions", CHAT)
+        assert result.status == 200 and result.done and result.text, _log_tails(tmp_path / "run")
+        assert set(before) <= {503}, before  # unlisted: retry later, never a 500
         output = _read_until(launcher, "curl -N", timeout_s=400)
         assert READY in output, output[-3000:] + _log_tails(tmp_path / "run")
-
-        result = generate(f"http://127.0.0.1:{port}", "/v1/chat/completions", {
-            "model": tiny_llama.SERVED_NAME, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 8, "stream": True,
-        })  # fmt: skip
-        assert result.status == 200 and result.done and result.text
+        _assert_engines_run_the_chosen_dtype(output, tmp_path / "run")
         # It went prefill -> NIXL -> decode: the decode engine computed no prompt token.
         samples = scrape(_engine_url(tmp_path / "run", "decode") + "/metrics")
         by_source = "vllm:prompt_tokens_by_source_total"
@@ -64,6 +70,38 @@ def test_pdserve_up_pd_answers_then_stops_without_orphans(tiny_model, tmp_path):
                     process.kill()
             launcher.kill()
             launcher.wait()
+
+
+CHAT = {"model": tiny_llama.SERVED_NAME, "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 8, "stream": True}  # fmt: skip
+
+
+def _until_listed(url: str, launcher: subprocess.Popen, timeout_s: float) -> list[int]:
+    """Poll ``/v1/models`` until the model is listed; meanwhile send the chat each time it
+    is not, and return the statuses those got (none before the router answers)."""
+    deadline = time.monotonic() + timeout_s
+    statuses: list[int] = []
+    while time.monotonic() < deadline and launcher.poll() is None:
+        try:
+            models = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+        except httpx.TransportError:
+            models = None  # the router is not up yet
+        if models is not None:
+            if tiny_llama.SERVED_NAME in {m["id"] for m in models}:
+                return statuses
+            statuses.append(generate(url, "/v1/chat/completions", CHAT).status)
+        time.sleep(0.5)
+    raise AssertionError(f"model never listed; requests meanwhile got {statuses}")
+
+
+def _assert_engines_run_the_chosen_dtype(output: str, run_dir) -> None:
+    """The launcher's one dtype line names what this CPU computes natively, and each
+    engine's own config line (vLLM logs ``dtype=torch.X`` at start) shows it runs that."""
+    expected = choose_dtype(device="cpu", cpu=read_cpu())
+    assert f"pdserve: {expected.line()}" in output, output[-3000:]
+    for role in ("prefill", "decode"):
+        log = (run_dir / f"{role}-0.engine.log").read_text(errors="replace")
+        assert f"dtype=torch.{expected.dtype}," in log, f"{role}: {expected.dtype} not in its log"
 
 
 def _engine_url(run_dir, role: str) -> str:
