@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from agent.prefill_probe import ProbePlan, measure_prefill, plan_sizes
+from tests.completions_server import completions_server
 
 PLAN = ProbePlan(budget_s=10.0, first_words=128, largest_words=4096, repeats=2)
 
@@ -45,32 +46,19 @@ def test_a_bad_plan_is_refused():
         ProbePlan(budget_s=0)
 
 
-async def _engine(seconds_per_word: float) -> web.AppRunner:
-    """An OpenAI completions endpoint whose prefill takes time in proportion to words."""
+@pytest.mark.parametrize(("seconds_per_word", "prompts"), [(0.0002, 6), (0.02, 1)])
+def test_the_probe_ends_within_its_budget(seconds_per_word, prompts):
+    """Against an endpoint whose prefill takes time in proportion to the words."""
 
     async def completions(request: web.Request) -> web.Response:
         words = len((await request.json())["prompt"].split())
         await asyncio.sleep(words * seconds_per_word)
         return web.json_response({"usage": {"prompt_tokens": words}})
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner
-
-
-@pytest.mark.parametrize(("seconds_per_word", "prompts"), [(0.0002, 6), (0.02, 1)])
-def test_the_probe_ends_within_its_budget(seconds_per_word, prompts):
     async def probe() -> tuple[tuple[int, float], ...]:
-        runner = await _engine(seconds_per_word)
-        port = runner.addresses[0][1]
-        try:
-            url, plan = f"http://127.0.0.1:{port}", ProbePlan(budget_s=3.0)
-            return await measure_prefill(url, "m", plan=plan, max_model_len=4096)
-        finally:
-            await runner.cleanup()
+        async with completions_server(completions) as url:
+            return await measure_prefill(url, "m", plan=ProbePlan(budget_s=3.0),
+                                         max_model_len=4096)  # fmt: skip
 
     started = time.perf_counter()
     samples = asyncio.run(probe())
