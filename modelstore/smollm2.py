@@ -36,6 +36,9 @@ def build(out: Path) -> None:
         folder,
         gguf_file=GGUF_FILE,
         quantization_config=GgufConfig(gguf_file=GGUF_FILE, dequantize=True),
+        # One folder for every machine: where the engine runs float32 (a CPU without
+        # native bf16, agent/engine_dtype.py), vLLM widens these weights as it loads
+        # them, exactly; nothing is converted twice, and the folder stays half the size.
         dtype=torch.bfloat16,
     )
     # transformers refuses to save a model that still carries its quantizer.
