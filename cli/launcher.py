@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "CPU without native bf16, bfloat16 on one with it, the model's own "
                         "on GPU)")  # fmt: skip
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    parser.add_argument("--drain-timeout-s", type=float, default=20.0,
+                        help="on a stop, how long in-flight requests get to finish (a second "
+                        "Ctrl-C or SIGTERM stops at once)")  # fmt: skip
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="sim: GPU-free simulated engines with the same protocol")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for sims")
@@ -75,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
             ready_timeout_s=args.ready_timeout_s,
+            drain_timeout_s=args.drain_timeout_s,
             engine=args.engine,
             sim_profile=args.sim_profile,
             stream_interval=args.stream_interval,

@@ -66,7 +66,9 @@ class ClusterPlan:
     max_model_len: int = 4096
     ready_timeout_s: float = 600.0
     heartbeat_interval_s: float = 2.0
-    drain_timeout_s: float = 30.0
+    # In-flight requests get this long to finish on a stop. 20 s keeps the whole stop
+    # (drain, engines, router) inside Kubernetes' default 30-s grace period.
+    drain_timeout_s: float = 20.0
     kv_lease_s: int = 30  # how long producers hold unpulled KV (router's kv_lease_s <= this)
     engine: str = "vllm"  # or "sim": the simulator in vLLM's place
     sim_profile: str = "tiny-cpu"
