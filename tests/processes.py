@@ -6,8 +6,7 @@ another process is never mistaken for the one a test started.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,16 +113,6 @@ def listening_ports(ports: Iterable[int]) -> set[int]:
             if fields[3] == _TCP_LISTEN and port in wanted:
                 listening.add(port)
     return listening
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def describe(processes: Iterable[Process]) -> str:

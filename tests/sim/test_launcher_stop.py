@@ -27,6 +27,7 @@ import pytest
 from localrun.ports import free_ports
 from tests import processes
 from tests.clusters import MODEL
+from tests.conditions import wait_for
 
 READY = "pdserve: ready:"
 START_TIMEOUT_S = 60.0
@@ -58,8 +59,10 @@ def launched(tmp_path: Path) -> Iterator[Launched]:
         )  # fmt: skip
     family: list[processes.Process] = []
     try:
-        ready = processes.wait_until(lambda: _said(output, READY), START_TIMEOUT_S)
-        assert ready, f"not ready after {START_TIMEOUT_S:.0f}s:\n" + _said_so_far(output, run_dir)
+        try:
+            wait_for(lambda: _said(output, READY), START_TIMEOUT_S, "pdserve up to be ready")
+        except AssertionError as error:
+            raise AssertionError(f"{error}:\n{_said_so_far(output, run_dir)}") from None
         now = processes.snapshot()
         family = [now[pid] for pid in processes.descendants(launcher.pid, now)]
         cluster = json.loads((run_dir / "cluster.json").read_text())
@@ -101,7 +104,7 @@ def _sigint_twice(launched: Launched) -> None:
     stream = _Stream(launched.router_url)
     assert stream.started.wait(timeout=20), "the stream never started"
     launched.launcher.send_signal(signal.SIGINT)
-    assert processes.wait_until(lambda: _said(launched.output, "pdserve: stopping"), 10)
+    wait_for(lambda: _said(launched.output, "pdserve: stopping"), 10, "the stop to begin")
     launched.launcher.send_signal(signal.SIGINT)
     launched.launcher.wait(timeout=10)  # stop now: no drain, no grace periods
     assert _said(launched.output, "second signal: killing every process now")
@@ -130,10 +133,12 @@ def test_no_process_or_port_is_left_however_pdserve_up_stops(
         alive = [p for p in launched.family if processes.alive(p)]
         return not alive and not processes.listening_ports(launched.ports)
 
-    if not processes.wait_until(gone, GONE_TIMEOUT_S):
+    try:
+        wait_for(gone, GONE_TIMEOUT_S, "every process and port of the cluster to go")
+    except AssertionError as error:
         alive = [p for p in launched.family if processes.alive(p)]
         still = processes.listening_ports(launched.ports)
-        pytest.fail(f"left alive:\n{processes.describe(alive)}\nports still listening: {still}")
+        pytest.fail(f"{error}; alive:\n{processes.describe(alive)}\nlistening: {still}")
 
 
 class _Stream:

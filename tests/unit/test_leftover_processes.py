@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import processes
+from tests.conditions import wait_for
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def _marked() -> dict[str, str]:
 def test_an_orphan_in_a_session_of_its_own_is_found_by_its_marker(before, started):
     # The daemon's parent exits: it is nobody's descendant and leads its own session.
     orphan = _spawn(started, "setsid sleep 60 & echo $!; exit 0", _marked())
-    assert processes.wait_until(lambda: _orphaned(orphan), 5)
+    wait_for(lambda: _orphaned(orphan), 5, "the parent to exit")
     assert orphan in _found(before)
 
 
@@ -72,7 +73,7 @@ def test_an_unmarked_process_in_a_session_the_tests_made_is_found(before, starte
     # The session leader is ours; its grandchild lost its environment and its parent.
     script = "(env -i sleep 60 & echo $!); exec sleep 60"
     orphan = _spawn(started, script, _marked())
-    assert processes.wait_until(lambda: _orphaned(orphan), 5)
+    wait_for(lambda: _orphaned(orphan), 5, "the parent to exit")
     assert orphan in _found(before)
 
 
@@ -84,5 +85,5 @@ def test_a_process_that_existed_before_is_not_counted(started):
 def test_an_unrelated_process_is_not_counted(before, started):
     # Unmarked, in a session its parent (gone) made: nothing ties it to the tests.
     stranger = _spawn(started, "setsid sleep 60 & echo $!; exit 0", {"PATH": os.environ["PATH"]})
-    assert processes.wait_until(lambda: _orphaned(stranger), 5)
+    wait_for(lambda: _orphaned(stranger), 5, "the parent to exit")
     assert stranger not in _found(before)
