@@ -15,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from agent import process_group
 from localrun.ports import free_ports
 
 
@@ -40,9 +41,11 @@ class RedisServer:
         return f"RedisServer({self.url})"
 
     def start(self, timeout_s: float = 10) -> None:
+        # It dies with its starter, as every process pdserve starts (agent.process_group).
         process = self._process = subprocess.Popen(
-            self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
+            self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=process_group.die_with_parent(),
+        )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while not _answers(self.port):
             if process.poll() is not None:
