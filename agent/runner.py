@@ -117,7 +117,6 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
     extra = [a for a in args.engine_args if a != "--"]
     device = detect_device() if args.device == "auto" else args.device
     dtype = engine_dtype(args, device)
-    log.info("engine %s", dtype.line())
     return {
         "model_path": args.model,
         "served_model_name": args.served_model_name,
@@ -187,6 +186,7 @@ def run_agent(
     if worker_id != named:
         raise SystemExit(f"PDSERVE_AGENT_TOKEN is for worker {named!r}, not {worker_id!r}")
     configure_logging(role.value)
+    log.info("engine %s", engine_dtype(args, spec.device).line())
     log_path = Path(args.log_file or f"{worker_id}.engine.log")
     agent = _Agent(worker_id=worker_id, args=args, token=token, log_path=log_path, respec=respec)
     asyncio.run(agent.serve(role, spec))

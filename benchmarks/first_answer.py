@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -38,8 +40,10 @@ _SENTENCE = ("The river carries water from the northern hills to the old market 
 
 def long_question(tokens: int = LONG_PROMPT_TOKENS) -> str:
     """About ``tokens`` tokens of plain prose (~24 per sentence in SmolLM2's tokenizer),
-    with a question at the end; the answer's usage says how many it was exactly."""
-    return _SENTENCE * round(tokens / 24) + "Where do the people meet?"
+    with a question at the end; the answer's usage says how many it was exactly. A nonce
+    first: each is a fresh prefill, never a prefix-cache hit on the one before."""
+    nonce = secrets.token_hex(4)
+    return f"Note {nonce}. " + _SENTENCE * round(tokens / 24) + "Where do the people meet?"
 
 
 async def streamed_chat(url: str, model: str, content: str = QUESTION) -> dict:
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         "model": model,
         "machine": machine_record(),
         "dtype": seen.get("dtype_line"),
+        # Others' load on the box at the end (1-, 5-, 15-minute averages): a shared box
+        # slows both engines' start and answers.
+        "load_average": [round(load, 2) for load in os.getloadavg()],
         "ready_after_start_s": round(seen["ready_s"], 1),
         # Issue 31's measure: from the engines' start to "ready", conversion excluded.
         "ready_after_engines_start_s": round(seen["ready_s"] - seen["engines_started_s"], 1),
