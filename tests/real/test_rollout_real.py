@@ -69,8 +69,13 @@ def test_greedy_outputs_follow_the_route_between_two_real_versions(tmp_path):
         for worker in workers.json()["workers"]:
             path = v1_path if worker["model_version"] == "v1" else v2_path
             assert worker["model_checksum"] == folder_checksum(path)
-            # Three sizes, twice if the 10-s budget allows (agent/prefill_probe.py).
-            assert len({tokens for tokens, _ in worker["prefill_probe"]}) == 3, worker
+            # Three sizes, twice if the 10-s budget allows (agent/prefill_probe.py); one
+            # size's nonce tokenizes to a token or two more or less.
+            sizes: list[int] = []
+            for tokens in sorted(tokens for tokens, _ in worker["prefill_probe"]):
+                if not sizes or tokens > 1.5 * sizes[-1]:
+                    sizes.append(tokens)
+            assert len(sizes) == 3, worker["prefill_probe"]
         client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="unused")
 
         admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v1"})
