@@ -42,8 +42,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-url", required=True,
                         help="router base URL to register with; several replicas "
                         "comma-separated (they must share --state-url)")  # fmt: skip
-    parser.add_argument("--worker-id", default=None,
-                        help="default: the worker PDSERVE_AGENT_TOKEN names")
+    parser.add_argument(
+        "--worker-id", default=None, help="default: the worker PDSERVE_AGENT_TOKEN names"
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--cores", default=None, help='CPU cores to bind ("0", "0-1") or GPUs')
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache size")

@@ -1,17 +1,19 @@
-"""Changing the registry and routes: validated, written with compare-and-set, audited.
+"""Changing the registry, routes and policies: validated, written with compare-and-set,
+audited.
 
 Every change reads this replica's view (``Rollout``), builds the whole new document,
 and writes it only if nobody wrote since (``expected_version``); on a conflict it
-re-reads and tries again, up to ``_ATTEMPTS``. A refused change writes nothing. Each
-change, refused or not, is in the audit log with the caller's name; the gate's automatic
-rollbacks with the name ``gate``.
+re-reads and tries again, up to ``_ATTEMPTS``. A refused change writes nothing, to the
+documents or the audit log (a policy's refusal is logged as a warning). Each change made
+is in the audit log with the caller's name; the gate's automatic rollbacks with the name
+``gate``.
 
 Promotion: the canary becomes prod when its gate's verdict is within bounds (409
 otherwise, with the figures) and, if the model's policy requires it, a reviewer approved
-that version (403 otherwise). Every route change (put, promote) is held to the policy the
-same way (``Rollout.check_approved``). Rollback drops the canary. The policy is the
-reviewers': an operator may only tighten it (``set_policy``). ``judge_forever`` rolls a canary back
-on its own when the gate breaches and says ``auto_rollback``.
+that version (403 otherwise). Every route change (put, delete, promote) is held to the
+policy the same way (``Rollout.check_approved``). Rollback drops the canary. The policy
+is the reviewers': an operator may only tighten it (``set_policy``). ``judge_forever``
+rolls a canary back on its own when the gate breaches and says ``auto_rollback``.
 """
 
 from __future__ import annotations
@@ -262,10 +264,9 @@ class RolloutControl:
         detail: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """Build the new document from the current view and write it if nobody wrote in
-        between. A refusal (an ``APIError`` from ``build``) is re-raised; a 403 (a change
-        the caller's policy or scope forbids) is audited too, since who tried to get
-        around the policy is what an auditor looks for. Other refusals (a malformed or
-        inconsistent change) leave the audit log as it was."""
+        between. A refusal (an ``APIError`` from ``build``) is re-raised and changes no
+        state, the audit log included: the log says what changed, and who changed it. A
+        refusal the policy made (403) is logged as a warning with who tried what."""
         try:
             for _ in range(_ATTEMPTS):
                 value = build()
@@ -287,7 +288,7 @@ class RolloutControl:
             raise APIError(f"{document} kept changing under this write; try again")
         except APIError as error:
             if error.status == 403:
-                await self._audit(action, target, actor, f"refused: {error.message}", detail)
+                log.warning("%s refused to %s for %s: %s", action, actor, target, error.message)
             raise
 
     def _version_of(self, document: str) -> int:

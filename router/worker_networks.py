@@ -67,7 +67,7 @@ class WorkerNetworks:
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(name, None)
         except (OSError, UnicodeError):
-            return False
+            infos = []  # remembered as outside until a registration resolves it again
         inside = bool(infos) and all(self._inside(str(info[4][0])) for info in infos)
         self._names[name] = inside
         self._names.move_to_end(name)

@@ -17,6 +17,7 @@ from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
+from tests.listeners import beyond_loopback, listeners
 from tests.sim.faults import set_faults
 
 CASES = [
@@ -300,3 +301,14 @@ def test_a_consumer_sim_refuses_kv_that_belongs_to_another_prompt(sim_cluster):
         answer = httpx.post(consumer + "/v1/completions", json=body, timeout=30)
         assert answer.status_code == status, answer.text
     assert "another prompt's" in answer.json()["error"]["message"]
+
+
+def test_the_router_and_every_worker_listen_on_loopback_only(sim_cluster):
+    """``pdserve up``'s defaults: the router, agents, sims and their KV event publishers
+    bind 127.0.0.1 (the engines' pull endpoint carries KV, the events carry token ids)."""
+    roots = [sim_cluster.router.pid, *(agent.pid for agent in sim_cluster.agents.values())]
+    found = listeners(roots)
+    ports = {port for _, _, _, port in found}
+    assert sim_cluster.plan.port in ports  # the router's own socket was seen
+    assert {w.engine_port for w in sim_cluster.workers} <= ports
+    assert beyond_loopback(found) == []
