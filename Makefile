@@ -39,6 +39,6 @@ format:
 bench: setup
 	$(BIN)/python -m benchmarks.pd_overhead
 
-## Regenerate the README's settings table from router/settings.py.
+## Regenerate docs/configuration.md's settings table from router/settings.py.
 docs:
 	$(BIN)/python deploy/readme_settings.py

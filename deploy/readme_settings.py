@@ -1,4 +1,4 @@
-"""Rewrite the README's knob table from the settings' field docs (``make docs``)."""
+"""Rewrite docs/configuration.md's knob table from the settings' field docs (``make docs``)."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ from router.settings import settings_table
 
 BEGIN, END = "<!-- settings:begin -->\n", "\n<!-- settings:end -->"
 
-readme = Path(__file__).parents[1] / "README.md"
+readme = Path(__file__).parents[1] / "docs" / "configuration.md"
 text = readme.read_text()
 head, rest = text.split(BEGIN, 1)
 tail = rest.split(END, 1)[1]

@@ -4,7 +4,7 @@ Every field is a knob: its ``description`` is its documentation, and
 ``PDSERVE_<FIELD>`` in the environment sets it. Field names are unique across
 groups, so the environment stays flat and ``RouterSettings(kv_lease_s=10)`` is
 accepted beside ``RouterSettings(leases=LeaseSettings(kv_lease_s=10))``.
-``pdserve router --help-config`` prints the table the README carries.
+``pdserve router --help-config`` prints the table docs/configuration.md carries.
 """
 
 from __future__ import annotations
