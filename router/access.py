@@ -33,7 +33,7 @@ from router.errors import Forbidden, Unauthorized
 from router.settings import SCOPE_GRANTS
 
 if TYPE_CHECKING:
-    from router.app import RouterParts
+    from router.parts import RouterParts
 
 
 class Access(enum.Enum):

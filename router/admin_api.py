@@ -23,7 +23,7 @@ from router.errors import InvalidRequest, NoCapacity, NotFound
 from router.http_io import json_body
 from router.pool_control import PD_ROLES
 from router.state.base import AuditEntry, StateUnavailable
-from router.status import read_status
+from router.status import snapshot
 
 log = logging.getLogger("pdserve.router")
 
@@ -39,6 +39,10 @@ class PoolChange(BaseModel):
 
 
 _AUDIT_LIMIT_MAX = 1000
+
+
+async def read_status(request: Request) -> dict[str, Any]:
+    return snapshot(parts_of(request)).model_dump(mode="json")
 
 
 async def list_pools(request: Request) -> dict[str, Any]:

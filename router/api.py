@@ -1,6 +1,6 @@
 """The HTTP API as a table: each route, its access level, and a module-level handler.
 
-Handlers find the router's parts on ``request.app.state.parts`` (``app.RouterParts``),
+Handlers find the router's parts on ``request.app.state.parts`` (``parts.RouterParts``),
 so each can be called and tested on its own and the table can be read by tools. Access
 (``access.py``) is applied from the table before a handler runs. The SRE's admin API
 (``/admin/v1``) lives in ``admin_api.py``.

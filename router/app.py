@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +34,7 @@ from router.metric_views import (
 )
 from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
+from router.parts import RouterParts, forget_worker
 from router.pipeline import RequestPipeline
 from router.pool_control import PoolController
 from router.prefix_tracking import PrefixTracker
@@ -61,40 +61,6 @@ from router.windows import SlidingSums
 from router.worker_networks import WorkerNetworks
 
 log = logging.getLogger("pdserve.router")
-
-
-@dataclass(frozen=True, slots=True)
-class RouterParts:
-    """Every long-lived object of one router, built once; handlers reach them here."""
-
-    settings: RouterSettings
-    clock: Callable[[], float]
-    aliases: dict[str, str]
-    registry: WorkerRegistry
-    upstream: Upstream
-    load: InFlightLoad
-    stats: RoutingStats
-    prefixes: PrefixTracker
-    metrics: RouterMetrics
-    pipeline: RequestPipeline
-    state: ControlState
-    sync: StateSync
-    pools: PoolController
-    admin_tokens: dict[str, tuple[str, str]]  # token -> (name, scope)
-    networks: WorkerNetworks
-    tenants: Tenants
-    accounting: FleetAccounting
-    admission: Admission
-    rollout: RolloutControl
-    rollout_path: RolloutPath
-    review: ReviewQueue
-    on_registered: Callable[[WorkerRegistration, bool], None]
-    wall_clock: Callable[[], float] = time.time
-
-    def forget_worker(self, worker_id: str) -> None:
-        forget_worker(worker_id, prefixes=self.prefixes, load=self.load, stats=self.stats)
-        self.accounting.forget(worker_id)
-        self.metrics.forget_worker(worker_id)
 
 
 def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
@@ -274,15 +240,6 @@ def _control_plane(
         state=state, publish=sync.publish_control,
     )  # fmt: skip
     return sync, pools
-
-
-def forget_worker(
-    worker_id: str, *, prefixes: PrefixTracker, load: InFlightLoad, stats: RoutingStats
-) -> None:
-    """A worker left the registry: drop what routing kept about it."""
-    prefixes.on_gone(worker_id)
-    load.forget(worker_id)
-    stats.forget(worker_id)
 
 
 def _tenants(settings: RouterSettings) -> Tenants:

@@ -6,22 +6,14 @@ load, admission's queues, the recent TTFT samples and the windowed token and cos
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from fastapi import Request
-
 from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
 from contracts.workers import WorkerRole
-from router.access import parts_of
 from router.metric_views import window_view
+from router.parts import RouterParts
 from router.registry import WorkerState
 
-if TYPE_CHECKING:
-    from router.app import RouterParts
 
-
-def snapshot(request: Request) -> StatusSnapshot:
-    parts = parts_of(request)
+def snapshot(parts: RouterParts) -> StatusSnapshot:
     now = parts.clock()
     view = window_view(parts.metrics.families())
     models = [_model_status(parts, model, now, view) for model in sorted(parts.registry.models())]
@@ -88,7 +80,3 @@ def _worker_status(parts: RouterParts, worker: WorkerState, now: float) -> Worke
         engine_memory_bytes=worker.load.engine_memory_bytes,
         version=worker.registration.model_version,
     )
-
-
-async def read_status(request: Request) -> dict[str, Any]:
-    return snapshot(request).model_dump(mode="json")

@@ -1,11 +1,18 @@
 """Imports flow one way (ARCHITECTURE.md): cli on top; localrun, benchmarks, sim, router and
 the agent (with prefill and decode) in the middle; contracts, kvtransfer and modelstore
-at the bottom. Every import counts, the lazy ones inside functions too."""
+at the bottom. Every import counts, the lazy ones inside functions and the ones under
+``TYPE_CHECKING`` too. Inside a folder, modules form no loop either, and nothing in the
+router imports its app (``router.app``) but the server that runs it.
+
+Each rule is a function over a tree, so the tests below also plant a violation in a
+small tree of their own and watch the rule catch it."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BOTTOM = {"contracts", "kvtransfer", "modelstore"}
@@ -26,29 +33,33 @@ FORBIDDEN: dict[str, set[str]] = {
 FOLDERS = BOTTOM | MIDDLE | {"cli"}
 
 
-def imports_by_folder() -> dict[str, dict[str, list[str]]]:
+def imported_names(path: Path) -> list[str]:
+    """Every absolute import in a file, as dotted names (``from a.b import c``: a.b, a.b.c)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return names
+
+
+def imports_by_folder(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
     """folder -> imported pdserve folder -> the files that import it."""
     graph: dict[str, dict[str, list[str]]] = {}
     for folder in sorted(FOLDERS):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for name in names:
-                    target = name.split(".")[0]
-                    if target in FOLDERS and target != folder:
-                        files = graph.setdefault(folder, {}).setdefault(target, [])
-                        files.append(str(path.relative_to(ROOT)))
+        for path in sorted((root / folder).rglob("*.py")):
+            for name in imported_names(path):
+                target = name.split(".")[0]
+                if target in FOLDERS and target != folder:
+                    files = graph.setdefault(folder, {}).setdefault(target, [])
+                    files.append(str(path.relative_to(root)))
     return graph
 
 
-def test_no_import_runs_against_the_arrows():
+def against_the_arrows(root: Path = ROOT) -> list[str]:
     wrong = []
-    for folder, targets in imports_by_folder().items():
+    for folder, targets in imports_by_folder(root).items():
         for target, files in targets.items():
             against = (
                 target == "cli"
@@ -57,23 +68,91 @@ def test_no_import_runs_against_the_arrows():
             )
             if against:
                 wrong.append(f"{folder} -> {target}: {sorted(set(files))}")
+    return wrong
+
+
+def module_graph(root: Path, folder: str) -> dict[str, set[str]]:
+    """module -> the modules of the same folder it imports (a package counts as its
+    ``__init__``)."""
+    modules = {}
+    for path in (root / folder).rglob("*.py"):
+        dotted = path.relative_to(root).with_suffix("").parts
+        modules[".".join(dotted[:-1] if dotted[-1] == "__init__" else dotted)] = path
+    return {
+        module: {name for name in imported_names(path) if name in modules and name != module}
+        for module, path in modules.items()
+    }
+
+
+def a_loop(graph: dict[str, set[str]]) -> list[str] | None:
+    """One loop of the graph, as the path around it; None when there is none."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return [*path, node, target]
+            if target not in state and (loop := visit(target, [*path, node])):
+                return loop
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (loop := visit(node, [])):
+            return loop
+    return None
+
+
+def importers_of_the_app(root: Path = ROOT) -> list[str]:
+    graph = module_graph(root, "router")
+    return sorted(m for m, targets in graph.items() if "router.app" in targets and
+                  m != "router.server")  # fmt: skip
+
+
+def test_no_import_runs_against_the_arrows():
+    wrong = against_the_arrows()
     assert wrong == [], "\n".join(wrong)
 
 
 def test_folders_form_no_cycle():
     graph = {folder: set(targets) for folder, targets in imports_by_folder().items()}
-    state: dict[str, str] = {}
+    assert a_loop(graph) is None
 
-    def visit(folder: str, path: list[str]) -> list[str] | None:
-        state[folder] = "open"
-        for target in sorted(graph.get(folder, ())):
-            if state.get(target) == "open":
-                return [*path, folder, target]
-            if target not in state and (cycle := visit(target, [*path, folder])):
-                return cycle
-        state[folder] = "done"
-        return None
 
-    for folder in sorted(graph):
-        if folder not in state:
-            assert visit(folder, []) is None
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_modules_of_a_folder_form_no_loop(folder: str):
+    assert a_loop(module_graph(ROOT, folder)) is None
+
+
+def test_nothing_imports_the_app_but_the_server():
+    assert importers_of_the_app() == []
+
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_planted_import_against_the_arrows_is_caught(tmp_path: Path):
+    tree = plant(tmp_path, {"contracts/a.py": "from router.settings import X\n",
+                            "sim/b.py": "def f():\n    import agent.runner\n",
+                            "router/c.py": "import contracts.a\n"})  # fmt: skip
+    wrong = against_the_arrows(tree)
+    assert [line.split(":")[0] for line in wrong] == ["contracts -> router", "sim -> agent"]
+
+
+def test_a_planted_type_checking_loop_is_caught(tmp_path: Path):
+    tree = plant(tmp_path, {
+        "router/__init__.py": "",
+        "router/app.py": "from router.access import guarded\n",
+        "router/access.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from router.app import Parts\n",
+        "router/server.py": "from router.app import create_app\n",
+    })  # fmt: skip
+    assert a_loop(module_graph(tree, "router")) == ["router.access", "router.app",
+                                                    "router.access"]  # fmt: skip
+    assert importers_of_the_app(tree) == ["router.access"]
