@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,7 +51,7 @@ from router.context_window import context_limit
 from router.errors import Overloaded, RequestTooLarge
 from router.load import InFlightLoad
 from router.metrics import RouterMetrics
-from router.prepare import PreparedRequest, PromptHead
+from router.prepare import PreparedRequest, PromptHead, prompt_chars, tokens_at_most
 from router.prompt_blocks import PromptBlocks
 from router.registry import Pools, WorkerState
 from router.request_limits import (
@@ -61,6 +61,7 @@ from router.request_limits import (
     check_shape,
     requested_output,
 )
+from router.rest_density import RestDensity
 from router.schedule import Scheduler
 from router.scheduling_plugins import has_kv_room, thrashing
 from router.settings import AdmissionSettings
@@ -79,6 +80,16 @@ Measured = Literal["none", "head", "whole"]
 class Admitted:
     request: PreparedRequest  # with its output cap, KV reservation and predicted TTFT
     grant: Grant
+    blocks: PromptBlocks  # the prompt, measured whole
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMeasures:
+    """How admission has a prompt measured on its pool's tokenizer: its head only (cheap,
+    for an early refusal) or whole."""
+
+    head: Callable[[PreparedRequest, Pools], PromptHead]
+    whole: Callable[[PreparedRequest, Pools], Awaitable[PromptBlocks]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +117,14 @@ class Admission:
         predictor: TTFTPredictor,
         metrics: RouterMetrics,
         clock: Callable[[], float],
+        head_chars: int = 0,
+        rest_samples: int = 0,
     ) -> None:
         self._settings = settings
+        self._head_chars = head_chars
+        self._rest_samples = rest_samples
+        # Per model (its tokenizer and its traffic): how dense a long prompt's rest is.
+        self._rest_densities: dict[str, RestDensity] = {}
         self._state = state
         self._scheduler = scheduler
         self._load = load
@@ -125,6 +142,36 @@ class Admission:
     def check_limits(self, request: PreparedRequest) -> None:
         """The request's shape, before its prompt is tokenized."""
         check_shape(request, self._settings)
+
+    async def admit_prompt(
+        self, request: PreparedRequest, pools: Pools, measures: PromptMeasures
+    ) -> Admitted:
+        """The one entry point for a choice: refuse before tokenizing if the queue alone
+        makes it late; for a long prompt that could be refused, measure its head and
+        refuse on that; else measure it whole and admit or refuse it. Raises to refuse."""
+        head = None
+        if (
+            self.precheck(request, pools)
+            and self._head_chars > 0 and prompt_chars(request) > 2 * self._head_chars
+            and self.could_refuse(request, pools, tokens_at_most(request))
+        ):  # fmt: skip
+            head = measures.head(request, pools)
+            density = self._rest_density(request.model)
+            self.precheck_head(request, pools, head, rest_share=density.share())
+        blocks = await measures.whole(request, pools)
+        if head is not None:
+            density.observe(
+                head_tokens=head.tokens, head_chars=head.chars, rest_chars=head.rest_chars,
+                rest_tokens=blocks.token_count - head.tokens,
+            )  # fmt: skip
+            self._metrics.head_rest_share.labels(request.model).set(density.share())
+        return await self.admit(request, pools, blocks)
+
+    def _rest_density(self, model: str) -> RestDensity:
+        density = self._rest_densities.get(model)
+        if density is None:  # one per served model: the registry bounds how many
+            density = self._rest_densities[model] = RestDensity(max_samples=self._rest_samples)
+        return density
 
     def precheck(self, request: PreparedRequest, pools: Pools) -> bool:
         """Before tokenizing: refuse at once when the queue ahead alone would make it late
@@ -188,7 +235,7 @@ class Admission:
         output = min(output, self._settings.expected_output_tokens)
         decode_pool = pools.decode if pools.disaggregated else pools.colocated
         if not pools.first_hop or not decode_pool:
-            return Admitted(request, Grant(None, 0))  # no capacity: the orchestrator's 503
+            return Admitted(request, Grant(None, 0), blocks)  # no capacity: the orchestrator's 503
         self._check_decode_room(request, decode_pool, blocks, output)
         # One prefix lookup for both pools: what each worker lacks of the prompt.
         lacking = self._scheduler.uncached_tokens([*pools.first_hop, *pools.decode], blocks)
@@ -209,7 +256,7 @@ class Admission:
             prefill_deadline_s=request.arrived_s + line_s - forecast.handoff_s,
         )  # fmt: skip
         self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
-        return Admitted(admitted, grant)
+        return Admitted(admitted, grant, blocks)
 
     def _with_output_cap(self, request: PreparedRequest, blocks: PromptBlocks) -> PreparedRequest:
         tenant = request.tenant.policy

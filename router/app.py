@@ -104,7 +104,8 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
                                  on_document=rollout.reload, on_registered=registered)  # fmt: skip
     admission = Admission(
         admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
-        metrics=metrics, clock=clock,
+        metrics=metrics, clock=clock, head_chars=settings.server.early_bound_head_chars,
+        rest_samples=settings.server.early_bound_rest_samples,
     )  # fmt: skip
     pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock)
     rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)

@@ -1,12 +1,13 @@
 """A generation request's path through the router, stage by stage.
 
-    api -> prepare -> [fan_out] -> [measure_head] -> measure_prompt -> admit
+    api -> prepare -> [fan_out] -> admit (measures the prompt: head, then whole)
         -> schedule + orchestrate -> relay
 
 ``api.py`` reads and authorizes the body and calls ``prepare``; this module runs the
-rest for each choice: the pools that would serve it now, its prompt measured with that
-pool's tokenizer, admission, then the orchestrator (which asks the scheduler for each
-worker and relays the answer).
+rest for each choice: the pools that would serve it now, admission (one call: it has
+the prompt measured with that pool's tokenizer, through ``PromptMeasures``, as far as it
+needs), then the orchestrator (which asks the scheduler for each worker and relays the
+answer).
 """
 
 from __future__ import annotations
@@ -17,21 +18,13 @@ from collections.abc import Callable
 
 from fastapi.responses import Response
 
-from router.admit import Admission
+from router.admit import Admission, PromptMeasures
 from router.fan_out import serve_choices, split_choices
 from router.metrics import RouterMetrics
 from router.orchestrate import Orchestrator
-from router.prepare import (
-    PreparedRequest,
-    Tokenized,
-    measure_head,
-    measure_prompt,
-    prompt_chars,
-    tokens_at_most,
-)
+from router.prepare import PreparedRequest, PromptHead, Tokenized, measure_head, measure_prompt
 from router.prompt_blocks import BlockHashers, PromptBlocks
 from router.registry import Pools, WorkerRegistry
-from router.rest_density import RestDensity
 from router.settings import ServerSettings
 from router.token_prefix_cache import TokenPrefixCache
 
@@ -57,8 +50,7 @@ class RequestPipeline:
         self._orchestrator = orchestrator
         self._metrics = metrics
         self._clock = clock
-        # Per model (its tokenizer and its traffic): how dense a long prompt's rest is.
-        self._rest_densities: dict[str, RestDensity] = {}
+        self._measures = PromptMeasures(head=self._head, whole=self._measure)
 
     def __repr__(self) -> str:
         return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
@@ -80,41 +72,19 @@ class RequestPipeline:
         )  # fmt: skip
 
     async def serve_one(self, request: PreparedRequest) -> Response:
-        """One choice: measure, admit, schedule and orchestrate."""
+        """One choice: admission (which has the prompt measured), then the orchestrator."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
-        head_chars = self._settings.early_bound_head_chars
-        head = None
-        if (
-            self._admission.precheck(request, pools)
-            and head_chars > 0 and prompt_chars(request) > 2 * head_chars
-            and self._admission.could_refuse(request, pools, tokens_at_most(request))
-        ):  # fmt: skip
-            head = measure_head(request, pools.first_hop, self._hashers,
-                                head_chars=head_chars, token_cache=self._token_cache)  # fmt: skip
-        if head is not None:
-            density = self._rest_density(request.model)
-            self._admission.precheck_head(request, pools, head, rest_share=density.share())
-        blocks = await self._measure(request, pools)
-        if head is not None:
-            density.observe(
-                head_tokens=head.tokens, head_chars=head.chars, rest_chars=head.rest_chars,
-                rest_tokens=blocks.token_count - head.tokens,
-            )  # fmt: skip
-            self._metrics.head_rest_share.labels(request.model).set(density.share())
-        admitted = await self._admission.admit(request, pools, blocks)
+        admitted = await self._admission.admit_prompt(request, pools, self._measures)
         try:
             return await self._orchestrator.serve(
-                admitted.request, pools, blocks, prefilled=admitted.grant.release
+                admitted.request, pools, admitted.blocks, prefilled=admitted.grant.release
             )
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
 
-    def _rest_density(self, model: str) -> RestDensity:
-        density = self._rest_densities.get(model)
-        if density is None:  # one per served model: the registry bounds how many
-            samples = self._settings.early_bound_rest_samples
-            density = self._rest_densities[model] = RestDensity(max_samples=samples)
-        return density
+    def _head(self, request: PreparedRequest, pools: Pools) -> PromptHead:
+        return measure_head(request, pools.first_hop, self._hashers, token_cache=self._token_cache,
+                            head_chars=self._settings.early_bound_head_chars)  # fmt: skip
 
     async def serve_shadow(self, request: PreparedRequest) -> Response:
         """A mirrored copy (``shadow.py``): measured, scheduled and orchestrated on its
