@@ -129,22 +129,28 @@ def test_the_registry_and_a_route_set_through_one_replica_rule_both(replicas):
                 "tokenizer": folder, "checksum": folder_checksum(Path(folder))}  # fmt: skip
     assert httpx.post(f"{replicas.a}/admin/v1/models", json=artifact, headers=HEADERS,
                       timeout=10).status_code == 201  # fmt: skip
-    route = {"prod": "v1", "safety": {"checks": [{"name": "no", "blocklist": ["forbidden"]}]}}
-    # Both replicas write at once: compare-and-set keeps one whole route, and both agree.
+    route = {"prod": "v1"}
+    policy = {"safety": {"checks": [{"name": "no", "blocklist": ["forbidden"]}]}}
+    # Both replicas write at once: compare-and-set keeps one whole document, and both agree.
     with ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(
-            lambda url: httpx.put(f"{url}/admin/v1/routes/{MODEL}", json=route,
-                                  headers=HEADERS, timeout=10),
-            (replicas.a, replicas.b),
+            lambda change: httpx.put(change[0], json=change[1], headers=HEADERS, timeout=10),
+            [(f"{url}/admin/v1/{kind}/{MODEL}", body) for url in (replicas.a, replicas.b)
+             for kind, body in (("routes", route), ("policies", policy))],
         ))  # fmt: skip
-    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
 
     def route_on(url: str) -> dict:
         answer = httpx.get(f"{url}/admin/v1/routes/{MODEL}", headers=HEADERS, timeout=10)
         return answer.json() if answer.status_code == 200 else {}
 
+    def checks_on(url: str) -> list:
+        answer = httpx.get(f"{url}/admin/v1/policies/{MODEL}", headers=HEADERS, timeout=10)
+        return answer.json()["policy"]["safety"]["checks"]
+
     wait_for(lambda: route_on(replicas.b).get("spec") == route_on(replicas.a).get("spec")
-             and route_on(replicas.b), 10, "replica B to follow the route")  # fmt: skip
+             and route_on(replicas.b) and checks_on(replicas.b), 10,
+             "replica B to follow the route and the policy")  # fmt: skip
     body = {"model": MODEL, "prompt": "say the forbidden word", "max_tokens": 2}
     refused = httpx.post(f"{replicas.b}/v1/completions", json=body, timeout=30)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == (
