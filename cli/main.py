@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cli import admin, agent_token, launcher, model_prep, status
     from decode import agent as decode_agent
     from prefill import agent as prefill_agent
-    from router import server
+    from router.http import server
     from sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__)

@@ -1,8 +1,12 @@
-"""One error hierarchy for the router, rendered as OpenAI's error body in one place."""
+"""One error hierarchy for the router, rendered as OpenAI's error body in one place, and
+``parsed``: a body validated into its model, or a 400 naming the field."""
 
 from __future__ import annotations
 
 import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from contracts.errors import ErrorBody, ErrorDetail
 
@@ -128,3 +132,18 @@ class UpstreamRejected(APIError):
 def sse_error_event(error: APIError) -> bytes:
     """The event sent when a stream fails after its first byte; the stream then closes."""
     return b"event: error\ndata: " + error.json_bytes() + b"\n\n"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parsed(model: type[M], body: Any) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        where = f" at {field}" if field else ""
+        raise InvalidRequest(
+            f"invalid {model.__name__}{where}: {first['msg']}", param=field
+        ) from None

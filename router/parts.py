@@ -13,24 +13,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from contracts.workers import WorkerRegistration
-from router.admit import Admission
-from router.fleet_accounting import FleetAccounting
-from router.load import InFlightLoad
-from router.metrics import RouterMetrics
-from router.pipeline import RequestPipeline
-from router.pool_control import PoolController
-from router.prefix_tracking import PrefixTracker
-from router.registry import WorkerRegistry
-from router.review import ReviewQueue
-from router.rollout_control import RolloutControl
-from router.rollout_path import RolloutPath
-from router.routing_stats import RoutingStats
+from router.admission.admit import Admission
+from router.admission.tenants import Tenants
+from router.fleet.pool_control import PoolController
+from router.fleet.registry import WorkerRegistry
+from router.fleet.state_sync import StateSync
+from router.fleet.worker_networks import WorkerNetworks
+from router.observability.fleet_accounting import FleetAccounting
+from router.observability.metrics import RouterMetrics
+from router.orchestration.pipeline import RequestPipeline
+from router.orchestration.upstream import Upstream
+from router.rollout.review import ReviewQueue
+from router.rollout.rollout_control import RolloutControl
+from router.rollout.rollout_path import RolloutPath
+from router.scheduling.load import InFlightLoad
+from router.scheduling.prefix_tracking import PrefixTracker
+from router.scheduling.routing_stats import RoutingStats
 from router.settings import RouterSettings
 from router.state.base import ControlState
-from router.state_sync import StateSync
-from router.tenants import Tenants
-from router.upstream import Upstream
-from router.worker_networks import WorkerNetworks
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from router.cost import parse_prices
-from router.scheduling_plugins import DECIDERS, POLICIES, parse_weights
-from router.tenants import TenantPolicy, parse_tenants
+from router.admission.tenants import TenantPolicy, parse_tenants
+from router.observability.cost import parse_prices
+from router.scheduling.scheduling_plugins import DECIDERS, POLICIES, parse_weights
 
 
 def _pairs(spec: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from router.token_bucket import BucketRate
+from router.admission.token_bucket import BucketRate
 
 ChangeKind = Literal["worker", "targets", "config", "resync"]
 

@@ -9,6 +9,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from router.admission.token_bucket import BucketLevel, BucketRate, take
 from router.state.base import (
     DEFAULT_LIMITS,
     AuditEntry,
@@ -19,7 +20,6 @@ from router.state.base import (
     StateFull,
     StateLimits,
 )
-from router.token_bucket import BucketLevel, BucketRate, take
 
 _SUBSCRIBER_QUEUE = 1024  # announcements a slow reader may lag by before it must resync
 

@@ -29,6 +29,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from router.admission.token_bucket import BucketRate
 from router.state.base import (
     DEFAULT_LIMITS,
     AuditEntry,
@@ -40,7 +41,6 @@ from router.state.base import (
     StateLimits,
     StateUnavailable,
 )
-from router.token_bucket import BucketRate
 
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _RECONNECT_MAX_S = 2.0

@@ -182,7 +182,7 @@ def test_unknown_model_is_a_404_in_openai_error_shape(engines: Engines):
 
 
 def test_context_window_refuses_a_longer_prompt_and_clamps_a_longer_output(engines: Engines):
-    """The router's context-length rule (router/context_window.py) is this one."""
+    """The router's context-length rule (router/prepare/context_window.py) is this one."""
     limit = engines.max_model_len
     over = {"model": COLOCATED_MODEL, "prompt": [7] * (limit + 1), "max_tokens": 1}
     answer = post(engines.colocated_url + "/v1/completions", over)

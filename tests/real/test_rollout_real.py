@@ -16,7 +16,7 @@ from localrun.cluster import ClusterPlan, LocalCluster, VersionWorkers
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 from modelstore.checksum import folder_checksum
-from router.rollout import share_of
+from router.rollout.rollout import share_of
 
 MODEL = "tiny-versions"
 OPERATOR = "rollout-operator"

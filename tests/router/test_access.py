@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from contracts.agent_tokens import agent_token
-from router.access import Access
-from router.api import ROUTES
+from router.http.access import Access
+from router.http.api import ROUTES
 from router.settings import SCOPE_GRANTS
 from tests.router.conftest import running_router
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.agent_tokens import agent_token
-from router.access import Access
-from router.api import ROUTES
+from router.http.access import Access
+from router.http.api import ROUTES
 from tests.router.conftest import running_router
 
 SECRET = "fuzz-agent-secret"

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from contracts.agent_tokens import agent_token
-from router.access import Access
-from router.api import ROUTES
+from router.http.access import Access
+from router.http.api import ROUTES
 from tests.router.conftest import ADMIN_TOKEN, AGENT_SECRET, running_router
 
 OPEN = (Access.PUBLIC, Access.CLIENT)

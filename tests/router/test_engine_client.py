@@ -21,10 +21,10 @@ import uvicorn
 from aiohttp import web
 
 from localrun.ports import free_ports
-from router.engine_client import EngineClient
-from router.engine_errors import EngineHTTPError, EngineUnreachable
-from router.relay import SSERelay, StreamStats
-from router.sse_passthrough import ClientSockets, EngineSSEResponse
+from router.orchestration.engine_client import EngineClient
+from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.relay import SSERelay, StreamStats
+from router.orchestration.sse_passthrough import ClientSockets, EngineSSEResponse
 from tests.conditions import until
 
 

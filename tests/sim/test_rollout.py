@@ -20,7 +20,7 @@ from contracts.agent_tokens import agent_token
 from localrun.cluster import LocalCluster, VersionWorkers
 from modelstore import tiny_llama
 from modelstore.checksum import folder_checksum
-from router.rollout import share_of
+from router.rollout.rollout import share_of
 from tests.clusters import small_sim_cluster
 from tests.conditions import wait_for
 from tests.sim.faults import set_faults

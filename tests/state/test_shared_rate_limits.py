@@ -8,7 +8,7 @@ import json
 import httpx
 
 from localrun.redis_server import running_redis
-from tests.router.conftest import ADMIN_TOKEN, running_router
+from tests.router.conftest import ADMIN_TOKEN, AGENT_SECRET, running_router
 
 TENANTS = {"team": {"keys": ["key-team"], "rpm": 3}}
 HEADERS = {"Authorization": "Bearer key-team"}
@@ -17,6 +17,7 @@ HEADERS = {"Authorization": "Bearer key-team"}
 def test_a_tenants_requests_per_minute_hold_across_two_replicas(tmp_path):
     settings = {
         "PDSERVE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "PDSERVE_AGENT_SECRET": AGENT_SECRET,
         "PDSERVE_TENANTS": json.dumps(TENANTS),
         "PDSERVE_HEALTH_INTERVAL_S": "3600",
     }

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from localrun.redis_server import running_redis
+from router.admission.token_bucket import BucketRate
 from router.state.base import (
     AuditEntry,
     Change,
@@ -20,7 +21,6 @@ from router.state.base import (
 )
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
-from router.token_bucket import BucketRate
 
 LIMITS = StateLimits(
     max_workers=3, max_audit_entries=5, max_document_bytes=1024, max_review_items=3

@@ -4,13 +4,13 @@ it is released and its switch cleared, even if the replica that ran the operatio
 from __future__ import annotations
 
 from contracts.workers import WorkerRegistration, WorkerRole
-from router.load import InFlightLoad
-from router.pool_control import PoolController
-from router.registry import WorkerRegistry
+from router.fleet.pool_control import PoolController
+from router.fleet.registry import WorkerRegistry
+from router.fleet.state_sync import CONTROL_DOCUMENT, StateSync
+from router.scheduling.load import InFlightLoad
 from router.settings import ControlSettings
 from router.state.base import Change
 from router.state.memory import MemoryState
-from router.state_sync import CONTROL_DOCUMENT, StateSync
 
 
 def registration(role: WorkerRole, incarnation: int) -> WorkerRegistration:

@@ -9,20 +9,20 @@ from dataclasses import replace
 import pytest
 
 from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
-from router.admit import Admission
+from router.admission.admit import Admission
+from router.admission.tenants import Tenant, TenantPolicy
+from router.admission.ttft_predictor import TTFTPredictor
 from router.errors import Overloaded, RequestTooLarge
-from router.load import InFlightLoad
-from router.metrics import RouterMetrics
-from router.prefix_tracking import PrefixTracker
-from router.prepare import Endpoint, PreparedRequest, PromptHead
-from router.prompt_blocks import BlockHashers, PromptBlocks
-from router.registry import Pools, WorkerState
-from router.routing_stats import RoutingStats
-from router.schedule import Scheduler
+from router.fleet.registry import Pools, WorkerState
+from router.observability.metrics import RouterMetrics
+from router.prepare.prepare import Endpoint, PreparedRequest, PromptHead
+from router.prepare.prompt_blocks import BlockHashers, PromptBlocks
+from router.scheduling.load import InFlightLoad
+from router.scheduling.prefix_tracking import PrefixTracker
+from router.scheduling.routing_stats import RoutingStats
+from router.scheduling.schedule import Scheduler
 from router.settings import AdmissionSettings, IndexSettings, RoutingSettings
 from router.state.memory import MemoryState
-from router.tenants import Tenant, TenantPolicy
-from router.ttft_predictor import TTFTPredictor
 
 RATE = 1000.0  # tokens per second, no fixed cost: the prefill probe's line
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.admission_queue import PrefillQueue, QueueDeadline, QueueFull
+from router.admission.admission_queue import PrefillQueue, QueueDeadline, QueueFull
 
 
 class Clock:

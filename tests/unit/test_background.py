@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.background import keep_running
+from router.fleet.background import keep_running
 
 
 async def test_a_crashing_loop_is_restarted_until_it_finishes():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from contracts.workers import WorkerRegistration, WorkerRole
-from router.context_window import (
+from router.errors import InvalidRequest
+from router.fleet.registry import WorkerState
+from router.prepare.context_window import (
     check_prompt_chars,
     check_prompt_tokens,
     context_limit,
 )
-from router.errors import InvalidRequest
-from router.registry import WorkerState
 
 
 def worker(max_model_len: int | None) -> WorkerState:

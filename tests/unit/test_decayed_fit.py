@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.decayed_fit import DecayedFit
+from router.admission.decayed_fit import DecayedFit
 
 
 def test_two_features_are_recovered_from_noisy_samples():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
-from router.load import InFlight
-from router.registry import WorkerState
-from router.scheduling_plugins import (
+from router.fleet.registry import WorkerState
+from router.scheduling.load import InFlight
+from router.scheduling.scheduling_plugins import (
     POLICIES,
     PickContext,
     RouteQuery,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from router.load import InFlightLoad
+from router.scheduling.load import InFlightLoad
 
 
 def test_the_earliest_deadline_is_of_the_prefills_still_under_way():

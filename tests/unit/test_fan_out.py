@@ -8,7 +8,7 @@ import pytest
 from fastapi.responses import Response, StreamingResponse
 
 from router.errors import InvalidRequest
-from router.fan_out import serve_choices, split_choices
+from router.prepare.fan_out import serve_choices, split_choices
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 the agent (with prefill and decode) in the middle; contracts, kvtransfer and modelstore
 at the bottom. Every import counts, the lazy ones inside functions and the ones under
 ``TYPE_CHECKING`` too. Inside a folder, modules form no loop either, and nothing in the
-router imports its app (``router.app``) but the server that runs it.
+router imports its app (``router.http.app``) but the server that runs it.
 
 Each rule is a function over a tree, so the tests below also plant a violation in a
 small tree of their own and watch the rule catch it."""
@@ -106,8 +106,18 @@ def a_loop(graph: dict[str, set[str]]) -> list[str] | None:
 
 def importers_of_the_app(root: Path = ROOT) -> list[str]:
     graph = module_graph(root, "router")
-    return sorted(m for m, targets in graph.items() if "router.app" in targets and
-                  m != "router.server")  # fmt: skip
+    return sorted(m for m, targets in graph.items() if "router.http.app" in targets and
+                  m != "router.http.server")  # fmt: skip
+
+
+def below_importing_http(root: Path = ROOT) -> list[str]:
+    """Router modules outside ``router.http`` that import it: the HTTP layer is the top
+    floor, so the stages and the control plane never reach up into it."""
+    graph = module_graph(root, "router")
+    return sorted(
+        f"{m} -> {t}" for m, targets in graph.items() if not m.startswith("router.http")
+        for t in targets if t == "router.http" or t.startswith("router.http.")
+    )  # fmt: skip
 
 
 def test_no_import_runs_against_the_arrows():
@@ -129,6 +139,10 @@ def test_nothing_imports_the_app_but_the_server():
     assert importers_of_the_app() == []
 
 
+def test_nothing_below_the_http_layer_imports_it():
+    assert below_importing_http() == []
+
+
 def plant(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name
@@ -148,11 +162,16 @@ def test_a_planted_import_against_the_arrows_is_caught(tmp_path: Path):
 def test_a_planted_type_checking_loop_is_caught(tmp_path: Path):
     tree = plant(tmp_path, {
         "router/__init__.py": "",
-        "router/app.py": "from router.access import guarded\n",
-        "router/access.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                            "    from router.app import Parts\n",
-        "router/server.py": "from router.app import create_app\n",
+        "router/http/__init__.py": "",
+        "router/http/app.py": "from router.http.access import guarded\n",
+        "router/http/access.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from router.http.app import Parts\n",
+        "router/http/server.py": "from router.http.app import create_app\n",
+        "router/fleet/__init__.py": "",
+        "router/fleet/registry.py": "from router.http.access import guarded\n",
     })  # fmt: skip
-    assert a_loop(module_graph(tree, "router")) == ["router.access", "router.app",
-                                                    "router.access"]  # fmt: skip
-    assert importers_of_the_app(tree) == ["router.access"]
+    loop = a_loop(module_graph(tree, "router"))
+    assert loop is not None and loop[-3:] == ["router.http.access", "router.http.app",
+                                              "router.http.access"]  # fmt: skip
+    assert importers_of_the_app(tree) == ["router.http.access"]
+    assert below_importing_http(tree) == ["router.fleet.registry -> router.http.access"]

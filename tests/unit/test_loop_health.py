@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from router.loop_health import measure_loop_lag_forever, watch_gc_pauses
+from router.observability.loop_health import measure_loop_lag_forever, watch_gc_pauses
 
 
 def histogram(name: str, *labels: str) -> Histogram:

@@ -9,9 +9,9 @@ import pytest
 
 from contracts.rollout import Approval, ModelPolicy
 from router.errors import Forbidden
-from router.rollout import Rollout
-from router.rollout_control import RolloutControl
-from router.rollout_gate import StageWindows
+from router.rollout.rollout import Rollout
+from router.rollout.rollout_control import RolloutControl
+from router.rollout.rollout_gate import StageWindows
 from router.state.memory import MemoryState
 from tests.unit.test_rollout import artifact
 

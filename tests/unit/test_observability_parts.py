@@ -11,10 +11,10 @@ import pytest
 
 from contracts.logs import JsonFormatter, configure_logging, request_id_from, request_id_var
 from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration, WorkerRole
-from router.cost import parse_prices, usd_per_hour
-from router.fleet_accounting import FleetAccounting, PoolKey
-from router.usage import Usage, usage_in_answer, usage_in_events, with_usage_requested
-from router.windows import RecentSamples, SlidingSums
+from router.observability.cost import parse_prices, usd_per_hour
+from router.observability.fleet_accounting import FleetAccounting, PoolKey
+from router.observability.windows import RecentSamples, SlidingSums
+from router.orchestration.usage import Usage, usage_in_answer, usage_in_events, with_usage_requested
 
 
 class Clock:

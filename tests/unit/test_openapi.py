@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.app import create_app
+from router.http.app import create_app
 from router.settings import RouterSettings
 
 

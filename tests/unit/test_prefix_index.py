@@ -6,8 +6,8 @@ import msgpack
 import pytest
 
 from contracts.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, encode_batch
-from router.kv_event_feed import FeedState, KVEventFeed
-from router.prefix_index import PrefixIndex
+from router.scheduling.kv_event_feed import FeedState, KVEventFeed
+from router.scheduling.prefix_index import PrefixIndex
 
 A, B, C, D = 11, 22, 33, 44  # block hashes of one prompt, in order
 
@@ -139,7 +139,7 @@ def test_routing_hashes_a_prompt_only_as_deep_as_the_index_matches():
         none_hash,
         sha256_pickle,
     )
-    from router.prompt_blocks import PromptBlocks
+    from router.prepare.prompt_blocks import PromptBlocks
 
     calls = []
 
@@ -169,9 +169,9 @@ async def test_the_router_hashes_with_the_seed_the_engine_registered():
     from contracts.block_hashing import block_hashes, external_block_hash, none_hash, sha256_pickle
     from contracts.workers import WorkerRegistration, WorkerRole
     from modelstore import tiny_llama
-    from router.prepare import Endpoint, PreparedRequest, measure_prompt
-    from router.prompt_blocks import BlockHashers
-    from router.registry import WorkerState
+    from router.fleet.registry import WorkerState
+    from router.prepare.prepare import Endpoint, PreparedRequest, measure_prompt
+    from router.prepare.prompt_blocks import BlockHashers
 
     ids = list(range(100, 164))
     hashers = BlockHashers(memo_entries=1024)

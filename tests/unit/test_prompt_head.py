@@ -10,10 +10,16 @@ import pytest
 
 from contracts.workers import WorkerRegistration, WorkerRole
 from modelstore import tiny_llama
-from router.prepare import Endpoint, PreparedRequest, Tokenized, measure_head, measure_prompt
-from router.prompt_blocks import BlockHashers
-from router.registry import WorkerState
-from router.token_prefix_cache import TokenPrefixCache
+from router.fleet.registry import WorkerState
+from router.prepare.prepare import (
+    Endpoint,
+    PreparedRequest,
+    Tokenized,
+    measure_head,
+    measure_prompt,
+)
+from router.prepare.prompt_blocks import BlockHashers
+from router.prepare.token_prefix_cache import TokenPrefixCache
 
 
 def prefill_worker() -> WorkerState:

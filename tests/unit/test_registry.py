@@ -1,7 +1,7 @@
 import pytest
 
 from contracts.workers import WorkerHeartbeat, WorkerRegistration, WorkerRole
-from router.registry import RegistryFull, WorkerRegistry
+from router.fleet.registry import RegistryFull, WorkerRegistry
 
 
 def registry(max_workers=8):

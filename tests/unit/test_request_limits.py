@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from router.admission.request_limits import Caps, apply_output_cap, check_prompt_cap, check_shape
 from router.errors import InvalidRequest
-from router.prepare import Endpoint, PreparedRequest
-from router.request_limits import Caps, apply_output_cap, check_prompt_cap, check_shape
+from router.prepare.prepare import Endpoint, PreparedRequest
 from router.settings import AdmissionSettings
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.rest_density import PRIOR_SHARE, RestDensity
+from router.admission.rest_density import PRIOR_SHARE, RestDensity
 
 
 def observe(density: RestDensity, ratio: float) -> None:

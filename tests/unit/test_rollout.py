@@ -11,12 +11,11 @@ import pytest
 from contracts.rollout import ModelArtifact, ModelPolicy, RouteSpec, SloGate
 from contracts.safety import SafetyPolicy
 from contracts.workers import WorkerRegistration, WorkerRole
-from router.errors import InvalidRequest, RequestTooLarge
-from router.http_io import parsed
-from router.rollout import Rollout
-from router.rollout_control import RolloutControl
-from router.rollout_gate import StageFigures, StageWindows, judge
-from router.safety import Screen, StreamScreen, blocking
+from router.errors import InvalidRequest, RequestTooLarge, parsed
+from router.rollout.rollout import Rollout
+from router.rollout.rollout_control import RolloutControl
+from router.rollout.rollout_gate import StageFigures, StageWindows, judge
+from router.rollout.safety import Screen, StreamScreen, blocking
 from router.state.base import StateLimits
 from router.state.memory import MemoryState
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from contracts.workers import WorkerLoad, WorkerRegistration, WorkerRole
-from router.load import InFlight
-from router.registry import WorkerState
-from router.scheduling_plugins import PickContext, RouteQuery, choose, parse_weights
+from router.fleet.registry import WorkerState
+from router.scheduling.load import InFlight
+from router.scheduling.scheduling_plugins import PickContext, RouteQuery, choose, parse_weights
 from router.settings import RouterSettings
 
 BLOCK = 16
@@ -161,7 +161,7 @@ def test_a_worker_whose_load_is_unknown_is_used_only_when_no_load_is_known(polic
 
 
 def test_a_plugin_name_cannot_be_registered_twice():
-    from router.scheduling_plugins import FILTERS, register_filter
+    from router.scheduling.scheduling_plugins import FILTERS, register_filter
 
     with pytest.raises(ValueError, match="already registered"):
         register_filter("bounded_load")(lambda candidates, context: candidates)

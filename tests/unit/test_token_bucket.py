@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.token_bucket import BucketLevel, BucketRate, take
+from router.admission.token_bucket import BucketLevel, BucketRate, take
 
 RATE = BucketRate(per_minute=60)  # capacity 60, one token a second
 

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from contracts.tokenization import ModelTokenizer, load_tokenizer
 from modelstore import tiny_llama
-from router.token_prefix_cache import TokenPrefixCache
+from router.prepare.token_prefix_cache import TokenPrefixCache
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.ttft_predictor import TTFTPredictor
+from router.admission.ttft_predictor import TTFTPredictor
 
 
 def observe_alone(predictor: TTFTPredictor, worker: str, tokens: int, seconds: float) -> None:

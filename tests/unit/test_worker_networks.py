@@ -13,8 +13,8 @@ import pytest
 
 from cli.main import main as cli_main
 from localrun.cluster import write_private
-from router.orchestrate import InvalidHandoff, _handoff_in
-from router.worker_networks import OutsideNetworks, WorkerNetworks
+from router.fleet.worker_networks import OutsideNetworks, WorkerNetworks
+from router.orchestration.orchestrate import InvalidHandoff, _handoff_in
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 

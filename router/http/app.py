@@ -1,0 +1,378 @@
+"""``create_app(settings)``: builds the router's parts and serves the API table on them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from contracts.safety import HookCheck
+from contracts.workers import WorkerRegistration
+from router.admission.admit import Admission
+from router.admission.tenants import Tenants
+from router.admission.ttft_predictor import TTFTPredictor
+from router.errors import APIError
+from router.fleet.background import keep_running
+from router.fleet.health import probe_engines_forever
+from router.fleet.pool_control import PoolController
+from router.fleet.registry import WorkerRegistry
+from router.fleet.state_sync import StateSync
+from router.fleet.worker_networks import WorkerNetworks
+from router.http.access import body_components, guarded, openapi_extra
+from router.http.api import ROUTES
+from router.http.fast_path import HotRoutes
+from router.http.request_ids import RequestIds
+from router.observability.fleet_accounting import FleetAccounting
+from router.observability.loop_health import measure_loop_lag_forever, watch_gc_pauses
+from router.observability.metric_views import (
+    SharedStateCollector,
+    WorkerCollector,
+    derived,
+    process_gauge_publisher,
+)
+from router.observability.metrics import RouterMetrics
+from router.observability.windows import SlidingSums
+from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.orchestrate import Orchestrator
+from router.orchestration.pipeline import RequestPipeline
+from router.orchestration.upstream import Upstream
+from router.parts import RouterParts, forget_worker
+from router.prepare.prompt_blocks import BlockHashers
+from router.prepare.token_prefix_cache import TokenPrefixCache
+from router.rollout.review import ReviewQueue
+from router.rollout.rollout import Rollout
+from router.rollout.rollout_control import RolloutControl
+from router.rollout.rollout_path import RolloutPath
+from router.rollout.shadow import ShadowMirror
+from router.scheduling.load import InFlightLoad
+from router.scheduling.prefix_tracking import PrefixTracker
+from router.scheduling.routing_stats import RoutingStats
+from router.scheduling.schedule import Scheduler
+from router.settings import RouterSettings
+from router.state.base import ControlState, StateLimits
+from router.state.memory import MemoryState
+from router.state.redis_backend import RedisState
+
+log = logging.getLogger("pdserve.router")
+
+
+def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterParts:
+    health, routing = settings.health, settings.routing
+    registry = WorkerRegistry(**health.registry_arguments())
+    upstream = Upstream(**settings.upstream.pool_arguments())
+    load = InFlightLoad()
+    observe = settings.metrics
+    metrics = RouterMetrics(
+        window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
+        clock=clock, stage_samples=settings.rollout.rollout_samples_kept,
+    )  # fmt: skip
+    stats = RoutingStats(
+        hotspot_window_requests=routing.hotspot_window_requests, on_routed=metrics.count_routed
+    )
+    prefixes = PrefixTracker(settings.index, clock=clock, on_event=stats.kv_event)
+    accounting = FleetAccounting(
+        observe.prices(), max_gap_s=health.heartbeat_timeout_s, clock=clock, sink=metrics,
+        window=SlidingSums(window_s=observe.metrics_window_s, bucket_s=1.0, clock=clock),
+    )  # fmt: skip
+    admission_settings = settings.admission
+    predictor = TTFTPredictor(prior_tokens_per_s=admission_settings.prior_prefill_tokens_per_s)
+    scheduler = Scheduler(
+        routing, load=load, prefixes=prefixes, stats=stats,
+        kv_overcommit=admission_settings.decode_kv_overcommit,
+        preemption_cooldown_s=admission_settings.preemption_cooldown_s, predictor=predictor,
+        clock=clock,
+    )  # fmt: skip
+    networks = WorkerNetworks(settings.server.allowed_worker_networks)
+    orchestrator = Orchestrator(
+        settings=settings, registry=registry, engines=upstream.engines, metrics=metrics,
+        scheduler=scheduler, load=load, predictor=predictor, networks=networks, clock=clock,
+    )  # fmt: skip
+    state = _state(settings)
+    rollout = RolloutControl(
+        state, Rollout(), metrics.stages, wall_clock=time.time,
+        on_rollback=lambda model: metrics.canary_rollbacks.labels(model).inc(),
+    )  # fmt: skip
+    registered = _on_registered(prefixes, predictor)
+    sync, pools = _control_plane(settings, state, registry, load, stats, prefixes, clock,
+                                 on_document=rollout.reload, on_registered=registered)  # fmt: skip
+    admission = Admission(
+        admission_settings, state=state, scheduler=scheduler, load=load, predictor=predictor,
+        metrics=metrics, clock=clock, head_chars=settings.server.early_bound_head_chars,
+        rest_samples=settings.server.early_bound_rest_samples,
+    )  # fmt: skip
+    pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock)
+    rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
+    _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
+        metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
+        accounting=accounting, backend_up=lambda: sync.backend_up, engines=upstream.engines,
+    ))  # fmt: skip
+    return RouterParts(
+        settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
+        upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
+        pipeline=pipeline, state=state, sync=sync, pools=pools,
+        admin_tokens=_admin_tokens(settings), networks=networks, tenants=_tenants(settings),
+        accounting=accounting,
+        admission=admission, rollout=rollout, rollout_path=rollout_path,
+        review=rollout_path.review, on_registered=registered,
+    )  # fmt: skip
+
+
+def _pipeline(
+    settings: RouterSettings, registry: WorkerRegistry, admission: Admission,
+    orchestrator: Orchestrator, metrics: RouterMetrics, clock: Callable[[], float],
+) -> RequestPipeline:  # fmt: skip
+    return RequestPipeline(
+        settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
+        metrics=metrics, clock=clock,
+        hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries),
+        token_cache=TokenPrefixCache(
+            max_tokens=settings.server.token_prefix_cache_tokens,
+            stride_chars=settings.server.token_prefix_stride_chars,
+        ),
+    )  # fmt: skip
+
+
+def _on_registered(
+    prefixes: PrefixTracker, predictor: TTFTPredictor
+) -> Callable[[WorkerRegistration, bool], None]:
+    """What a (re)registration changes here and on every replica that hears of it."""
+
+    def registered(registration: WorkerRegistration, new_incarnation: bool) -> None:
+        prefixes.on_registered(registration, new_incarnation=new_incarnation)
+        if new_incarnation:  # a fresh engine: its probe, not the old engine's prefills
+            predictor.seed(registration.worker_id, registration.prefill_probe)
+
+    return registered
+
+
+def _wire_metrics(
+    metrics: RouterMetrics,
+    registry: WorkerRegistry,
+    prefixes: PrefixTracker,
+    stats: RoutingStats,
+    clock: Callable[[], float],
+    publisher: Callable[[], None],
+) -> None:
+    metrics.share(WorkerCollector(registry, clock))
+    metrics.share(SharedStateCollector(registry, prefixes.index, stats))
+    metrics.on_publish(publisher)
+    metrics.derive_with(derived)
+
+
+def _rollout_path(
+    settings: RouterSettings,
+    rollout: RolloutControl,
+    state: ControlState,
+    pipeline: RequestPipeline,
+    metrics: RouterMetrics,
+    upstream: Upstream,
+    clock: Callable[[], float],
+) -> RolloutPath:
+    shadow = ShadowMirror(
+        pipeline.serve_shadow, max_inflight=settings.rollout.shadow_max_inflight,
+        timeout_s=settings.rollout.shadow_timeout_s,
+        records_kept=settings.rollout.shadow_records_kept,
+        count=lambda model, outcome: metrics.shadow_requests.labels(model, outcome).inc(),
+        clock=clock, wall_clock=time.time,
+    )  # fmt: skip
+    return RolloutPath(
+        rollout.rollout, review=ReviewQueue(state, wall_clock=time.time), shadow=shadow,
+        metrics=metrics, call_hook=_hook_caller(upstream), clock=clock,
+    )  # fmt: skip
+
+
+def _state(settings: RouterSettings) -> ControlState:
+    limits = StateLimits(
+        max_workers=settings.health.max_workers,
+        max_audit_entries=settings.control.audit_entries_kept,
+        max_review_items=settings.rollout.review_items_kept,
+    )
+    url = settings.control.state_url
+    return RedisState(url, limits) if url else MemoryState(limits)
+
+
+def _hook_caller(upstream: Upstream) -> Callable[[HookCheck, dict[str, Any]], Awaitable[Any]]:
+    """Safety hooks are called through the engines' connection pool; any failure is a
+    ``ValueError`` the screen resolves by the hook's ``on_failure``."""
+
+    async def call(hook: HookCheck, payload: dict[str, Any]) -> Any:
+        try:
+            raw = await upstream.post_json(
+                hook.url, json.dumps(payload).encode(), timeout_s=hook.timeout_s
+            )
+        except (EngineUnreachable, EngineHTTPError) as error:
+            raise ValueError(str(error)) from None
+        return json.loads(raw)
+
+    return call
+
+
+def _control_plane(
+    settings: RouterSettings,
+    state: ControlState,
+    registry: WorkerRegistry,
+    load: InFlightLoad,
+    stats: RoutingStats,
+    prefixes: PrefixTracker,
+    clock: Callable[[], float],
+    *,
+    on_document: Callable[[str | None], Awaitable[None]],
+    on_registered: Callable[[WorkerRegistration, bool], None],
+) -> tuple[StateSync, PoolController]:
+    def forget(worker_id: str) -> None:
+        forget_worker(worker_id, prefixes=prefixes, load=load, stats=stats)
+
+    sync = StateSync(
+        state, registry=registry, record_ttl_s=settings.health.forget_after_s,
+        on_registered=on_registered, on_gone=forget,
+        on_control=lambda wanted: pools.adopt(wanted),
+        settled=lambda worker_id, role: pools.settled(worker_id, role),
+        wanted=lambda: pools.wanted(), on_document=on_document, clock=clock,
+    )  # fmt: skip
+    pools = PoolController(
+        settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
+        state=state, publish=sync.publish_control,
+    )  # fmt: skip
+    return sync, pools
+
+
+def _tenants(settings: RouterSettings) -> Tenants:
+    admission = settings.admission
+    return Tenants(admission.tenant_policies(), default=admission.default_tenant())
+
+
+def _admin_tokens(settings: RouterSettings) -> dict[str, tuple[str, str]]:
+    tokens = settings.control.scoped_tokens()
+    if settings.server.admin_token:
+        tokens[settings.server.admin_token] = ("admin", "admin")
+    return tokens
+
+
+def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.monotonic) -> FastAPI:
+    parts = build_parts(settings, clock)
+    # /openapi.json is a route of the table (``api.openapi_document``): who asks decides
+    # how much of the API it shows.
+    app = FastAPI(title="pdserve router", lifespan=_lifespan(parts), docs_url=None,
+                  redoc_url=None, openapi_url=None)  # fmt: skip
+    app.state.parts = parts
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)
+    for route in ROUTES:
+        app.add_api_route(
+            route.path, guarded(route), methods=[route.method], openapi_extra=openapi_extra(route)
+        )
+    _document_bodies(app)
+    # Starlette runs the last added outermost: request ids first, then the hot routes.
+    app.add_middleware(HotRoutes, routes=ROUTES, api_error=_api_error, unexpected=_unexpected)
+    app.add_middleware(RequestIds)
+    return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Add the models nested in the request bodies to /openapi.json's components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = generate()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(body_components(ROUTES))
+            # Path parameters are plain strings and bodies are validated by the handlers:
+            # FastAPI's 422 (its own error shape) is never answered, so it is not listed.
+            for operations in spec.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager]:
+    settings = parts.settings
+
+    def probe() -> Awaitable[None]:
+        return probe_engines_forever(
+            parts.registry,
+            lambda: parts.upstream.session,
+            interval_s=settings.health.health_interval_s,
+            timeout_s=settings.health.health_timeout_s,
+            failures_to_eject=settings.health.health_failures_to_eject,
+            clock=parts.clock,
+            on_forgotten=parts.forget_worker,
+        )
+
+    def expire() -> Awaitable[None]:
+        return _expire_forever(parts.prefixes, settings.index.prefix_expire_interval_s)
+
+    async def publish_metrics() -> None:
+        # With several router processes, a process's gauges are read by whichever one
+        # serves the scrape: keep them current (its windows roll even without traffic).
+        while True:
+            await asyncio.sleep(1.0)
+            parts.metrics.publish()
+
+    def judge_canaries() -> Awaitable[None]:
+        return parts.rollout.judge_forever(settings.rollout.gate_check_interval_s)
+
+    def watch_loop() -> Awaitable[None]:
+        return measure_loop_lag_forever(parts.metrics.event_loop_lag)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await parts.upstream.start()
+        stop_watching_gc = watch_gc_pauses(parts.metrics.gc_pause)
+        crashed = parts.metrics.background_restarts.labels
+        tasks = [
+            asyncio.create_task(keep_running(name, loop, on_crash=lambda n: crashed(n).inc()))
+            for name, loop in (
+                ("health_probe", probe),
+                ("prefix_expiry", expire),
+                ("state_sync", parts.sync.follow),
+                ("metrics_publish", publish_metrics),
+                ("rollout_gate", judge_canaries),
+                ("loop_lag", watch_loop),
+            )
+        ]
+        try:
+            yield
+        finally:
+            stop_watching_gc()
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await parts.pools.close()
+            await parts.state.close()
+            await parts.prefixes.close()
+            await parts.upstream.close()
+
+    return lifespan
+
+
+async def _expire_forever(prefixes: PrefixTracker, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        prefixes.expire()
+
+
+async def _api_error(_: Request, error: APIError) -> Response:
+    return Response(
+        content=error.json_bytes(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
+    )
+
+
+async def _unexpected(request: Request, error: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return await _api_error(request, APIError("internal router error; see router log"))

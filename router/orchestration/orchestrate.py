@@ -1,0 +1,440 @@
+"""The orchestrate stage: the prefill phase, the decode phase, and what a failure means.
+
+Disaggregated request:
+1. prefill: the client's request with ``max_tokens=1`` and ``do_remote_decode``
+   goes to a prefill engine, which answers with a KV handoff;
+2. decode: the client's request plus the handoff goes to a decode engine, which
+   pulls the KV over NIXL and generates.
+A colocated pool, or the P/D decider sending a short prompt to the decode worker,
+runs the decode phase alone.
+
+Failure rules (``_triage`` applies them to every attempt of either phase):
+- an engine 4xx is the client's fault and is passed on as is;
+- a worker that is unreachable is marked unhealthy at once;
+- a failed prefill (unreachable, 5xx, bad handoff) is retried on another prefill
+  worker, up to ``prefill_retries``;
+- a decode that fails before its first byte is retried on another decode worker with
+  the same handoff; after the first byte the relay sends an SSE error;
+- a handoff is never forwarded past its lease: before each decode attempt an expired
+  one is re-prefilled (``_renewed``, at most ``kv_lease_reprefills`` times, counted),
+  since the producer may have reused its blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from fastapi.responses import Response
+
+from contracts.workers import WorkerRole
+from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
+from router.admission.ttft_predictor import TTFTPredictor
+from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
+from router.fleet.registry import Pools, WorkerRegistry, WorkerState
+from router.fleet.worker_networks import WorkerNetworks
+from router.observability.metrics import RouterMetrics
+from router.orchestration.engine_client import EngineClient
+from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.relay import SSE_HEADERS, SSERelay, StreamStats
+from router.orchestration.sse_passthrough import EngineSSEResponse
+from router.orchestration.usage import usage_in_answer, with_usage_requested
+from router.prepare.prepare import PreparedRequest
+from router.prepare.prompt_blocks import PromptBlocks
+from router.scheduling.load import InFlight, InFlightLoad, Ticket
+from router.scheduling.schedule import Scheduler
+from router.scheduling.scheduling_plugins import Decision
+from router.settings import RouterSettings
+
+log = logging.getLogger("pdserve.router")
+PREDICTED_TTFT_HEADER = "x-pdserve-predicted-ttft-ms"
+
+_ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's request reshaped for a prefill-only engine call."""
+    request = dict(body)
+    for key in ("stream_options", "max_completion_tokens", "min_tokens", "n"):
+        request.pop(key, None)
+    request["stream"] = False
+    request["max_tokens"] = 1
+    request["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
+    return request
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        registry: WorkerRegistry,
+        engines: EngineClient,
+        metrics: RouterMetrics,
+        scheduler: Scheduler,
+        load: InFlightLoad,
+        predictor: TTFTPredictor,
+        networks: WorkerNetworks | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._networks = networks or WorkerNetworks(settings.server.allowed_worker_networks)
+        self._timeouts = settings.upstream
+        self._leases = settings.leases
+        self._retry_after_s = settings.server.retry_after_s
+        self._registry = registry
+        self._engines = engines
+        self._metrics = metrics
+        self._scheduler = scheduler
+        self._load = load
+        self._predictor = predictor
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"Orchestrator(scheduler={self._scheduler!r})"
+
+    async def serve(
+        self,
+        request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
+        prefilled: Callable[[], None] = lambda: None,
+    ) -> Response:
+        """``prefilled`` is called once the prompt is computed (admission's queue frees)."""
+        if pools.disaggregated:
+            decode = self._pick(request, WorkerRole.DECODE, pools.decode, blocks)
+            if decode is not None and self._scheduler.prefill_on_decode(decode):
+                return await self._decode_phase(
+                    request, pools.decode, blocks, mode="decode_local", first=decode,
+                    prefilled=prefilled,
+                )  # fmt: skip
+            # The decode's KV is reserved now, not after the prefill: others picking a
+            # decode worker meanwhile must see this request's share taken.
+            reservation = self._reserve_kv(request, decode)
+            try:
+                handoff = await self._prefill_phase(request, pools.prefill, blocks)
+                prefilled()
+                return await self._decode_phase(
+                    request, pools.decode, blocks, mode="disaggregated", first=decode,
+                    handoff=handoff, prefill_pool=pools.prefill,
+                )  # fmt: skip
+            finally:
+                reservation.end()  # the answer's own ticket holds it from its start
+        if pools.colocated:
+            return await self._decode_phase(
+                request, pools.colocated, blocks, mode="colocated", prefilled=prefilled
+            )
+        missing = "prefill" if pools.decode else "decode" if pools.prefill else "any"
+        raise NoCapacity(
+            f"no ready {missing} worker for model {request.model!r}; retry shortly",
+            code="no_ready_worker",
+            retry_after_s=self._retry_after_s,
+        )
+
+    def _reserve_kv(self, request: PreparedRequest, decode: Decision | None) -> Ticket:
+        if decode is None:
+            return Ticket(InFlight(), 0)  # a detached record: nothing to hold
+        kv_tokens = decode.uncached_tokens + request.max_output_tokens
+        return self._load.begin(decode.worker.worker_id, 0, kv_tokens=kv_tokens)
+
+    def _pick(
+        self,
+        request: PreparedRequest,
+        role: WorkerRole,
+        pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        tried: Collection[str] = (),
+    ) -> Decision | None:
+        key = request.routing_key
+        first_hop = role is not WorkerRole.DECODE
+        decision = self._scheduler.pick(
+            key, role, pool, blocks, tried,
+            kv_output_tokens=None if role is WorkerRole.PREFILL else request.max_output_tokens,
+            prefill_deadline_s=request.prefill_deadline_s if first_hop else None,
+        )  # fmt: skip
+        if decision is not None:
+            policy = self._scheduler.policy_of(key)
+            self._metrics.routing_decisions.labels(key, role.value, policy, decision.reason).inc()
+        return decision
+
+    async def _prefill_phase(
+        self, request: PreparedRequest, pool: Sequence[WorkerState], blocks: PromptBlocks
+    ) -> KVHandoff:
+        body = json.dumps(prefill_body(request.body)).encode()
+        tried: list[str] = []
+        failures: list[str] = []
+        for attempt in range(1 + self._timeouts.prefill_retries):
+            decision = self._pick(request, WorkerRole.PREFILL, pool, blocks, tried)
+            if decision is None:
+                break
+            worker = decision.worker
+            if attempt:
+                self._metrics.prefill_retries.labels(request.model).inc()
+            tried.append(worker.worker_id)
+            self._scheduler.place(blocks, decision)
+            started_s = self._clock()
+            mark = self._predictor.prefill_sent(
+                worker.worker_id, started_s, self._load.of(worker.worker_id).tokens
+            )
+            try:
+                with self._load.begin(worker.worker_id, decision.uncached_tokens,
+                                      deadline_s=request.prefill_deadline_s):  # fmt: skip
+                    payload = await self._engines.post_json(
+                        worker.engine_url + request.path, body,
+                        timeout_s=self._timeouts.prefill_timeout_s,
+                    )  # fmt: skip
+                handoff = _handoff_in(payload, issued_at_s=self._clock(), networks=self._networks)
+            except _ATTEMPT_FAILURES as error:
+                failures.append(self._triage(worker, error))
+                continue
+            seconds = handoff.issued_at_s - started_s
+            self._metrics.stage.labels(request.model, "prefill").observe(seconds)
+            self._predictor.observe_prefill(
+                mark, decision.uncached_tokens, handoff.issued_at_s,
+                queued_after=self._load.of(worker.worker_id).tokens,
+            )  # fmt: skip
+            return handoff
+        raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
+
+    async def _decode_phase(
+        self,
+        request: PreparedRequest,
+        pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        *,
+        mode: str,
+        first: Decision | None = None,
+        handoff: KVHandoff | None = None,
+        prefill_pool: Sequence[WorkerState] = (),
+        prefilled: Callable[[], None] = lambda: None,
+    ) -> Response:
+        role = pool[0].role
+        tried: list[str] = []
+        failures: list[str] = []
+        reprefills_left, lease_s = self._leases.kv_lease_reprefills, self._leases.kv_lease_s
+        for _ in range(len(pool)):
+            if handoff is not None and not handoff.lease_holds(self._clock(), lease_s):
+                handoff = await self._renewed(request, prefill_pool, blocks, reprefills_left)
+                reprefills_left -= 1
+            decision = first if first is not None and not tried else None
+            decision = decision or self._pick(request, role, pool, blocks, tried)
+            if decision is None:
+                break
+            tried.append(decision.worker.worker_id)
+            self._scheduler.place(blocks, decision)
+            try:
+                return await self._answer(request, decision, handoff, mode, prefilled)
+            except _ATTEMPT_FAILURES as error:
+                failures.append(self._triage(decision.worker, error))
+        if failures:
+            raise UpstreamFailed(
+                f"{role.value} failed before its first byte: " + "; ".join(failures),
+                code="decode_failed",
+            )
+        raise NoCapacity("no worker left to try", retry_after_s=self._retry_after_s)
+
+    async def _renewed(
+        self,
+        request: PreparedRequest,
+        prefill_pool: Sequence[WorkerState],
+        blocks: PromptBlocks,
+        reprefills_left: int,
+    ) -> KVHandoff:
+        """The one re-prefill path: a handoff past its lease may point at reused blocks."""
+        if reprefills_left <= 0:
+            raise UpstreamFailed(
+                "the KV handoff outlived its lease and no re-prefill is left "
+                f"(kv_lease_reprefills={self._leases.kv_lease_reprefills})",
+                code="decode_failed",
+            )
+        self._metrics.kv_lease_reprefills.labels(request.model).inc()
+        return await self._prefill_phase(request, prefill_pool, blocks)
+
+    async def _answer(
+        self,
+        request: PreparedRequest,
+        decision: Decision,
+        handoff: KVHandoff | None,
+        mode: str,
+        prefilled: Callable[[], None],
+    ) -> Response:
+        worker = decision.worker
+        body, client_wants_usage = request.body, True
+        if request.stream:  # the token counters need usage; the client gets it only if asked
+            body, client_wants_usage = with_usage_requested(body)
+        if handoff is not None:
+            body = {**body, "kv_transfer_params": handoff.to_decode_params()}
+        payload = json.dumps(body).encode()
+        # A decode that pulls KV computes nothing; otherwise the worker prefills.
+        own = 0 if handoff is not None else decision.uncached_tokens
+        mark = None
+        if handoff is None:
+            queued = self._load.of(worker.worker_id).tokens
+            mark = self._predictor.prefill_sent(worker.worker_id, self._clock(), queued)
+        requests_there = self._load.of(worker.worker_id).requests + 1
+        # Its KV there: the prompt blocks the worker does not hold yet, and the output.
+        kv_tokens = decision.uncached_tokens + request.max_output_tokens
+        ticket = self._load.begin(
+            worker.worker_id, own, kv_tokens=kv_tokens,
+            deadline_s=request.prefill_deadline_s if own else None,
+        )  # fmt: skip
+
+        def first_byte(at_s: float) -> None:
+            ticket.prefilled()
+            prefilled()
+            if mark is not None:
+                self._predictor.observe_prefill(
+                    mark, own, at_s, queued_after=self._load.of(worker.worker_id).tokens
+                )
+            else:
+                handoff_s = at_s - handoff.issued_at_s
+                self._predictor.observe_handoff(
+                    worker.worker_id, requests_there, decision.uncached_tokens, handoff_s
+                )
+                self._metrics.stage.labels(request.model, "kv_handoff").observe(handoff_s)
+            if request.predicted_ttft_s is not None:
+                error_s = abs(at_s - request.arrived_s - request.predicted_ttft_s)
+                self._metrics.ttft_prediction_error.labels(request.model).observe(error_s)
+
+        if not request.stream:
+            with ticket:
+                return await self._complete(request, worker, payload, mode)
+        try:
+            return await self._stream(
+                request, worker, payload, mode, handoff, ticket, first_byte,
+                strip_usage=not client_wants_usage,
+            )  # fmt: skip
+        except BaseException:
+            ticket.end()
+            raise
+
+    def _triage(self, worker: WorkerState, error: Exception) -> str:
+        """Count and log a failed attempt and say what happened; an engine 4xx is re-raised."""
+        if not (isinstance(error, EngineHTTPError) and error.status < 500):
+            log.warning("%s %s attempt failed: %s", worker.worker_id, worker.role.value, error)
+        if isinstance(error, EngineUnreachable):
+            self._worker_failed(worker, "unreachable")
+            return f"{worker.worker_id}: unreachable ({error})"
+        if isinstance(error, EngineHTTPError):
+            if error.status < 500:
+                raise UpstreamRejected(error.status, error.body) from None
+            self._metrics.upstream_failures.labels(worker.role.value, f"http_{error.status}").inc()
+            return f"{worker.worker_id}: HTTP {error.status}"
+        self._metrics.upstream_failures.labels(worker.role.value, "bad_handoff").inc()
+        return f"{worker.worker_id}: {error}"
+
+    async def _complete(
+        self, request: PreparedRequest, worker: WorkerState, body: bytes, mode: str
+    ) -> Response:
+        called_s = self._clock()
+        payload = await self._engines.post_json(
+            worker.engine_url + request.path, body,
+            timeout_s=self._timeouts.first_token_timeout_s,
+        )  # fmt: skip
+        self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
+        elapsed_s = self._clock() - request.arrived_s
+        metrics, tenant_class = self._metrics, request.tenant_class
+        metrics.observe_ttft(request.model, mode, tenant_class, elapsed_s, request.stage)
+        metrics.e2e.labels(request.model, mode, tenant_class, request.stage).observe(elapsed_s)
+        metrics.stages.answered(request.model, request.stage, error=False)
+        usage = usage_in_answer(payload)
+        if usage is not None:
+            metrics.observe_usage(
+                request.model, tenant_class, usage, counts_prompt=request.counts_prompt
+            )
+        return Response(
+            content=payload, media_type="application/json", headers=_admission_headers(request)
+        )
+
+    async def _stream(
+        self,
+        request: PreparedRequest,
+        worker: WorkerState,
+        body: bytes,
+        mode: str,
+        handoff: KVHandoff | None,
+        ticket: Ticket,
+        first_byte: Callable[[float], None],
+        *,
+        strip_usage: bool,
+    ) -> EngineSSEResponse:
+        first_byte_timeout_s = self._timeouts.first_token_timeout_s
+        if handoff is not None and self._leases.kv_lease_guard:
+            # A decode that has not produced its first token when the producer's lease
+            # ends may pull blocks that were already reused (vLLM then logs "potentially
+            # invalid KV blocks"): fail it rather than relay output from garbage KV.
+            lease_left_s = self._leases.kv_lease_s - (self._clock() - handoff.issued_at_s)
+            first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
+        connection, first = await self._engines.open_stream(
+            worker.engine_url + request.path,
+            body,
+            first_byte_timeout_s=first_byte_timeout_s,
+            idle_timeout_s=self._timeouts.stream_idle_timeout_s,
+        )
+        first_byte(self._clock())
+        model, metrics = request.model, self._metrics
+
+        def on_end(stats: StreamStats) -> None:
+            ticket.end()
+            self._streamed(request, mode, stats)
+            if stats.failure:
+                self._worker_failed(worker, "stream_broken")
+
+        relay = SSERelay(
+            StreamStats(started_s=request.arrived_s), clock=self._clock,
+            on_gap=metrics.itl_observer(model, request.stage), strip_usage=strip_usage,
+        )  # fmt: skip
+        headers = {**SSE_HEADERS, **_admission_headers(request)}
+        return EngineSSEResponse(connection, first, relay, on_end=on_end, headers=headers)
+
+    def _streamed(self, request: PreparedRequest, mode: str, stats: StreamStats) -> None:
+        """A stream ended: its latencies, and its tokens when the engine reported usage."""
+        metrics, model, tenant_class = self._metrics, request.model, request.tenant_class
+        ended_s = self._clock()
+        stage = request.stage
+        metrics.e2e.labels(model, mode, tenant_class, stage).observe(ended_s - request.arrived_s)
+        metrics.output_chunks.labels(model).inc(stats.events)
+        metrics.stages.answered(model, stage, error=stats.failure is not None)
+        if stats.failure:
+            metrics.stream_errors.labels(model).inc()
+        if stats.first_byte_s is None:
+            return
+        ttft_s = stats.first_byte_s - request.arrived_s
+        metrics.observe_ttft(model, mode, tenant_class, ttft_s, stage)
+        metrics.stage.labels(model, "decode").observe(ended_s - stats.first_byte_s)
+        if stats.usage is None:
+            return
+        metrics.observe_usage(model, tenant_class, stats.usage, counts_prompt=request.counts_prompt)
+        if stats.usage.completion_tokens > 1:
+            tpot_s = (ended_s - stats.first_byte_s) / (stats.usage.completion_tokens - 1)
+            metrics.tpot.labels(model).observe(tpot_s)
+
+    def _worker_failed(self, worker: WorkerState, kind: str) -> None:
+        self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
+        self._registry.mark_unhealthy(worker.worker_id)
+
+
+def _handoff_in(payload: bytes, *, issued_at_s: float, networks: WorkerNetworks) -> KVHandoff:
+    try:
+        answer = json.loads(payload)
+    except ValueError:
+        raise InvalidHandoff("the prefill answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise InvalidHandoff("the prefill answer is not a JSON object")
+    handoff = parse_handoff(answer.get("kv_transfer_params"), issued_at_s=issued_at_s)
+    if not networks.allows(handoff.remote_host):
+        # A decode engine would pull KV from (and send its engine id to) this host.
+        raise InvalidHandoff(
+            f"kv_transfer_params.remote_host {handoff.remote_host!r} is outside "
+            "allowed_worker_networks"
+        )
+    return handoff
+
+
+def _admission_headers(request: PreparedRequest) -> dict[str, str]:
+    """Admission's prediction, for a load test (or a client) to hold against what it saw."""
+    if request.predicted_ttft_s is None:
+        return {}
+    return {PREDICTED_TTFT_HEADER: str(round(request.predicted_ttft_s * 1000))}

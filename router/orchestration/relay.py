@@ -1,0 +1,130 @@
+"""Relay an engine's SSE stream to the client, event-aligned.
+
+``SSERelay`` cuts the engine's bytes into whole events and keeps the stream's account
+(first byte, gaps, usage, ``[DONE]``). Two ways drive it: ``relay_sse``, an async
+iterator for any ASGI server and for wrappers that read the events (fan-out, safety
+screen), and ``sse_passthrough.py``, which writes events from the engine connection's
+callback straight to the client's socket.
+
+Invariants:
+- Only whole SSE events (ending in a blank line) are forwarded, so a failure
+  mid-stream can always be followed by a clean ``event: error``.
+- A stream that ends without ``data: [DONE]`` is a failure, never a silent
+  truncation.
+- However the relay ends (done, failure, client gone), the engine connection is
+  finished or closed; closing it makes vLLM abort the request and free its KV blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from router.errors import APIError, UpstreamFailed, UpstreamTimeout, sse_error_event
+from router.orchestration.engine_client import EngineConnection, StreamIdle
+from router.orchestration.usage import Usage, usage_in_events
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE = b"data: [DONE]"
+_EVENT_END = b"\n\n"
+_DATA = b"data: "
+
+
+@dataclass(slots=True)
+class StreamStats:
+    started_s: float
+    first_byte_s: float | None = None
+    events: int = 0
+    completed: bool = False
+    failure: str | None = None
+    usage: Usage | None = None  # the engine's, from its usage chunk
+
+
+class SSERelay:
+    """Whole events out of an engine's bytes, and the stream's account of them."""
+
+    __slots__ = ("_clock", "_last_s", "_on_gap", "_pending", "_strip_usage", "stats")
+
+    def __init__(
+        self,
+        stats: StreamStats,
+        *,
+        on_gap: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
+        strip_usage: bool = False,
+    ) -> None:
+        """``strip_usage``: the usage chunk was asked for by the router, not the client."""
+        self.stats = stats
+        self._on_gap = on_gap
+        self._clock = clock
+        self._strip_usage = strip_usage
+        self._pending = b""
+        self._last_s = clock()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events ``chunk`` completes (``b""`` if none), ready to forward."""
+        pending = self._pending + chunk if self._pending else chunk
+        cut = pending.rfind(_EVENT_END)
+        if cut < 0:
+            self._pending = pending
+            return b""
+        if cut + 2 == len(pending):
+            ready, self._pending = pending, b""
+        else:
+            ready, self._pending = pending[: cut + 2], pending[cut + 2 :]
+        stats, now = self.stats, self._clock()
+        if stats.first_byte_s is None:
+            stats.first_byte_s = now
+        else:
+            self._on_gap(now - self._last_s)
+        self._last_s = now
+        usage, ready = usage_in_events(ready, strip=self._strip_usage)
+        if usage is not None:
+            stats.usage = usage
+        stats.events += ready.count(_DATA)
+        if _DONE in ready:
+            stats.completed = True
+        return ready
+
+    def failed(self, error: BaseException | None) -> bytes:
+        """The stream ended before ``[DONE]``: record why; the event that tells the client."""
+        answer: APIError
+        if error is None:
+            self.stats.failure = "decode engine closed the stream before [DONE]"
+            answer = UpstreamFailed(self.stats.failure, code="stream_truncated")
+        elif isinstance(error, StreamIdle):
+            self.stats.failure = "decode engine went silent mid-stream"
+            answer = UpstreamTimeout(self.stats.failure, code="stream_idle_timeout")
+        else:
+            self.stats.failure = f"decode engine failed mid-stream: {type(error).__name__}"
+            answer = UpstreamFailed(self.stats.failure, code="stream_broken")
+        return sse_error_event(answer)
+
+
+async def relay_sse(
+    connection: EngineConnection,
+    first_chunk: bytes,
+    relay: SSERelay,
+    *,
+    on_end: Callable[[StreamStats], None],
+) -> AsyncIterator[bytes]:
+    """The relay's events as an async iterator, read from the connection."""
+    chunk = first_chunk
+    try:
+        while chunk:
+            ready = relay.feed(chunk)
+            if ready:
+                yield ready
+                if relay.stats.completed:
+                    return
+            chunk = await connection.read()
+        yield relay.failed(None)
+    except Exception as error:  # the connection's failures: StreamIdle, StreamBroken
+        yield relay.failed(error)
+    finally:
+        if relay.stats.completed:
+            connection.finish()
+        else:
+            connection.abort()
+        on_end(relay.stats)
