@@ -1,7 +1,7 @@
 """A prefill-rate probe, run by the agent once its engine is ready and before it registers.
 
 Admission predicts each request's time to first token from a curve fitted to the worker's
-own prefills (``router.ttft_predictor``). A new worker has none yet, and a fixed prior
+own prefills (``router.admission.ttft_predictor``). A new worker has none yet, and a fixed prior
 rate was wrong by 2x or more on the first seconds of a burst (the admission benchmark's
 misses). So the agent times a few prompts of distinct sizes, each starting with a nonce
 (no prefix-cache hit), with ``max_tokens=1``, and reports (prompt tokens, seconds) in its

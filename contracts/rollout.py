@@ -10,7 +10,7 @@
 
 Clients name a model id; the route picks the version. Versions never reach the client.
 Checks that need the registry (a version exists) and the stages being distinct live in
-``router.rollout``; what a field alone can say wrong is refused here, naming the field.
+``router.rollout.rollout``; what a field alone can say wrong is refused here, naming the field.
 """
 
 from __future__ import annotations
