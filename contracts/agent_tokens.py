@@ -26,7 +26,7 @@ def agent_token(secret: str, worker_id: str) -> str:
 def token_worker(token: str) -> str | None:
     """The worker id a token names, unchecked (None: not an agent token)."""
     prefix, _, rest = token.partition(".")
-    encoded, _, _mac_hex = rest.partition(".")
+    encoded = rest.partition(".")[0]
     if prefix != PREFIX or not encoded:
         return None
     try:

@@ -8,8 +8,8 @@
   not include reviewer). ``admin_token`` is an admin-scoped token named ``admin``.
   ``policy`` (writing a model's policy) is granted to operators and reviewers alike;
 - ``agent``: a worker's own token, minted from ``agent_secret``
-  (``contracts.agent_tokens``); the worker id it names is left on
-  ``request.state.agent_worker``, and the handler holds the caller to it.
+  (``contracts.agent_tokens``); the caller is named ``agent:<worker id>``, and the
+  handler holds it to that worker (``agent_worker``).
 No token configured at all: the admin API answers 403. A missing or unknown token is
 401; a known token without the scope is 403. The caller's name (never the token) is left
 on ``request.state.actor`` for the audit log, its scope on ``request.state.scope``.
