@@ -35,15 +35,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import datasets
-from benchmarks.client import RequestResult
-from benchmarks.metrics import error_kind, percentiles
-from benchmarks.prometheus_text import scrape, total
-from benchmarks.replay import Scheduled, replay
 from benchmarks.routing_policies import scaled_profile
-from benchmarks.traces import DEFAULT_TRACE
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
+from loadgen import datasets
+from loadgen.client import RequestResult
+from loadgen.metrics import error_kind, percentiles
+from loadgen.prometheus_text import scrape, total
+from loadgen.replay import Scheduled, replay
+from loadgen.traces import DEFAULT_TRACE
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama

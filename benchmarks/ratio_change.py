@@ -24,10 +24,10 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.client import RequestResult
-from benchmarks.metrics import error_kind, percentiles
-from benchmarks.replay import Scheduled, replay
 from contracts.machine import machine_record
+from loadgen.client import RequestResult
+from loadgen.metrics import error_kind, percentiles
+from loadgen.replay import Scheduled, replay
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.prometheus_text import scrape, total
 from contracts.machine import machine_record
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama

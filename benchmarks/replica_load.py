@@ -30,10 +30,10 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import process_group
-from benchmarks.metrics import percentiles
 from benchmarks.ratio_change import schedule
-from benchmarks.replay import replay
 from contracts.machine import machine_record
+from loadgen.metrics import percentiles
+from loadgen.replay import replay
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from localrun.redis_server import RedisServer

@@ -44,12 +44,12 @@ import matplotlib.pyplot as plt
 import psutil
 
 from agent import process_group
-from benchmarks.prometheus_text import scrape, total
-from benchmarks.words import WordSource
 from contracts.agent_tokens import agent_token
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
 from contracts.workers import WorkerRegistration
+from loadgen.prometheus_text import scrape, total
+from loadgen.words import WordSource
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama

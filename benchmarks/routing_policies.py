@@ -38,19 +38,19 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.client import RequestResult
-from benchmarks.metrics import error_kind, percentiles
-from benchmarks.prometheus_text import scrape, total
-from benchmarks.replay import Scheduled, replay
-from benchmarks.traces import (
+from contracts.machine import machine_record
+from contracts.tokenization import load_tokenizer
+from loadgen.client import RequestResult
+from loadgen.metrics import error_kind, percentiles
+from loadgen.prometheus_text import scrape, total
+from loadgen.replay import Scheduled, replay
+from loadgen.traces import (
     DEFAULT_TRACE,
     TRACE_BLOCK_TOKENS,
     BlockText,
     oracle_hit_rate,
     read_trace,
 )
-from contracts.machine import machine_record
-from contracts.tokenization import load_tokenizer
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama

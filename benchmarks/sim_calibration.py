@@ -28,10 +28,10 @@ from pathlib import Path
 import aiohttp
 
 from agent.engine_spec import EngineSpec
-from benchmarks.calibration import fit_profile, fresh_prompt, measure_sweep, write_profile
-from benchmarks.client import RequestResult, stream_request
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
+from loadgen.calibration import fit_profile, fresh_prompt, measure_sweep, write_profile
+from loadgen.client import RequestResult, stream_request
 from localrun.engine_run import running_engine
 from localrun.ports import free_ports
 from localrun.sim_engine import sim_facts

@@ -10,9 +10,9 @@ AGENT_COMMANDS = ("prefill", "decode", "colocated")
 
 def build_parser() -> argparse.ArgumentParser:
     from agent import colocated
-    from benchmarks import bench_cli, calibrate_cli
     from cli import admin, agent_token, launcher, model_prep, status
     from decode import agent as decode_agent
+    from loadgen import bench_cli, calibrate_cli
     from prefill import agent as prefill_agent
     from router.http import server
     from sim import cli as sim_cli

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from agent.engine_dtype import choose_dtype
-from benchmarks.prometheus_text import scrape, total
 from contracts.machine import read_cpu
+from loadgen.prometheus_text import scrape, total
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 from tests.generation import generate

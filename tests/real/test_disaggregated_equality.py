@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.generation import generate
 

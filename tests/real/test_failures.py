@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.prometheus_text import scrape, scrape_or_none, total
+from loadgen.prometheus_text import scrape, scrape_or_none, total
 from localrun.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for

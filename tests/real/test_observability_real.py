@@ -5,7 +5,7 @@ match the usage the client got."""
 
 from __future__ import annotations
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate

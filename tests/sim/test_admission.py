@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
 from tests.clusters import small_sim_cluster

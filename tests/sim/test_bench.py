@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from agent.engine_spec import EngineSpec
-from benchmarks import report
-from benchmarks.arrivals import send_times
-from benchmarks.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
 from contracts.tokenization import load_tokenizer
+from loadgen import report
+from loadgen.arrivals import send_times
+from loadgen.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
 from localrun.engine_run import running_engine
 from localrun.ports import free_ports
 from localrun.sim_engine import sim_facts

@@ -13,7 +13,7 @@ import uuid
 
 import httpx
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from router.settings import RouterSettings
 from tests.clusters import MODEL
 from tests.conditions import wait_for

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from aiohttp import web
 
-from benchmarks.calibration import (
+from contracts.tokenization import load_tokenizer
+from loadgen.calibration import (
     PREFILL_LENGTHS,
     fit_line,
     fit_prefill,
@@ -16,7 +17,6 @@ from benchmarks.calibration import (
     prefill_curve,
     prefill_intercept_ms,
 )
-from contracts.tokenization import load_tokenizer
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 from sim.profile import load_profile

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
 from tests.clusters import small_sim_cluster

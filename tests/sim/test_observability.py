@@ -26,7 +26,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
 from tests.clusters import small_sim_cluster

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
 from cli.main import main as cli_main
 from contracts.agent_tokens import agent_token
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster, VersionWorkers
 from modelstore import tiny_llama
 from modelstore.checksum import folder_checksum

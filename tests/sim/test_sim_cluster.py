@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS
+from loadgen.prometheus_text import scrape, total
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.prometheus_text import scrape, total
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from localrun.redis_server import RedisServer

@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from benchmarks.client import stream_request
-from benchmarks.metrics import error_kind
+from loadgen.client import stream_request
+from loadgen.metrics import error_kind
 from tests.completions_server import completions_server
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "hi"}]}\n\n'

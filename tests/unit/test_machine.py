@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from benchmarks.client import RequestResult
-from benchmarks.metrics import summarize
-from benchmarks.report import write_report
 from contracts.machine import SPEED_FLAGS, describe, machine_record, read_cpu
+from loadgen.client import RequestResult
+from loadgen.metrics import summarize
+from loadgen.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_the_record_names_cpu_flags_cores_and_commit():
 def test_every_benchmark_that_writes_a_result_records_the_machine():
     """A script that writes a JSON result (or a profile) calls machine_record()."""
     writers = []
-    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+    for path in sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "loadgen").glob("*.py")]):
         tree = ast.parse(path.read_text())
         calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
                  for n in ast.walk(tree) if isinstance(n, ast.Call)}  # fmt: skip

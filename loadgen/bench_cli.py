@@ -18,16 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import datasets
-from benchmarks.arrivals import ARRIVALS, send_times
-from benchmarks.client import RequestResult
-from benchmarks.cluster_view import ClusterWatch
-from benchmarks.metrics import SLO, summarize
-from benchmarks.replay import Scheduled, replay
-from benchmarks.report import write_report
-from benchmarks.traces import DEFAULT_TRACE
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
+from loadgen import datasets
+from loadgen.arrivals import ARRIVALS, send_times
+from loadgen.client import RequestResult
+from loadgen.cluster_view import ClusterWatch
+from loadgen.metrics import SLO, summarize
+from loadgen.replay import Scheduled, replay
+from loadgen.report import write_report
+from loadgen.traces import DEFAULT_TRACE
 
 MAX_REQUESTS = 100_000
 MAX_DURATION_S = 3600

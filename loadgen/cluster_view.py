@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from benchmarks.prometheus_text import Samples
-from benchmarks.prometheus_text import scrape_or_none as _scrape
+from loadgen.prometheus_text import Samples
+from loadgen.prometheus_text import scrape_or_none as _scrape
 
 
 def _sum(samples: Samples, name: str, **labels: str) -> float | None:

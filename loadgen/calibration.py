@@ -28,8 +28,8 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.client import RequestResult, stream_request
 from contracts.machine import describe, machine_record
+from loadgen.client import RequestResult, stream_request
 from sim.profile import TimingProfile
 
 PREFILL_LENGTHS = (64, 128, 256, 512, 768, 1024, 1536, 2048)

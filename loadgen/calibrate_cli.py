@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 from agent.engine_spec import EngineSpec, detect_device
-from benchmarks.calibration import fit_profile, measure_sweep, write_profile
 from contracts.tokenization import load_tokenizer
+from loadgen.calibration import fit_profile, measure_sweep, write_profile
 from localrun.engine_run import running_engine
 from localrun.ports import free_ports
 from modelstore.known import resolve

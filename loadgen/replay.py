@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from benchmarks.client import RequestResult, stream_request
+from loadgen.client import RequestResult, stream_request
 
 
 @dataclass(frozen=True, slots=True)

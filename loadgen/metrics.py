@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from benchmarks.client import RequestResult
+from loadgen.client import RequestResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
-from benchmarks.words import WordSource
 from contracts.tokenization import ModelTokenizer
+from loadgen.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
+from loadgen.words import WordSource
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mooncake", "jsonl")
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.words import WordSource
 from contracts.block_hashing import BlockHash, block_hashes, none_hash, sha256_pickle
 from contracts.tokenization import ModelTokenizer
+from loadgen.words import WordSource
 
 TRACE_BLOCK_TOKENS = 512
 # The team's shared folder sits beside the checkout; PDSERVE_TRACE overrides.
