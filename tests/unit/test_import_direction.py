@@ -28,7 +28,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "router": {"agent", "prefill", "decode", "sim", "benchmarks", "loadgen", "localrun"},
     # The load generator works against any endpoint (calibration aside: EXCEPTIONS).
     "loadgen": {"router", "agent", "prefill", "decode", "sim", "benchmarks", "localrun"},
-    # The harness works against any endpoint; router micro-benchmarks live in router/.
+    # The scripts work against any endpoint (router micro-benchmarks aside: EXCEPTIONS).
     "benchmarks": {"router"},
     "localrun": {"benchmarks", "loadgen", "router"},
 }
@@ -39,6 +39,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     # fits a sim profile to what it measures.
     "loadgen.calibrate_cli": {"agent", "localrun", "sim"},
     "loadgen.calibration": {"sim"},
+    # Micro-benchmarks of router internals time the router's own classes in-process.
+    "benchmarks.router_micro": {"router"},
 }
 FOLDERS = BOTTOM | MIDDLE | {"cli"}
 
@@ -186,6 +188,16 @@ def test_only_the_named_modules_are_excused(tmp_path: Path):
                             "sim/profile.py": "", "localrun/ports.py": ""})  # fmt: skip
     assert sorted(against_the_arrows(tree)) == ["loadgen -> localrun: ['loadgen/calibration.py']",
                      "loadgen -> sim: ['loadgen/bench_cli.py']"]  # fmt: skip
+
+
+def test_only_router_micro_benchmarks_may_import_the_router(tmp_path: Path):
+    tree = plant(tmp_path, {"benchmarks/router_micro/lookup.py": "import router.scheduling\n",
+                            "benchmarks/router_cpu.py": "from router.settings import X\n",
+                            "benchmarks/router_microscope.py": "import router\n",
+                            "router/settings.py": "", "router/scheduling.py": ""})  # fmt: skip
+    assert against_the_arrows(tree) == [
+        "benchmarks -> router: ['benchmarks/router_cpu.py', 'benchmarks/router_microscope.py']"
+    ]
 
 
 def test_a_planted_type_checking_loop_is_caught(tmp_path: Path):

@@ -9,7 +9,7 @@ median of ``--rounds`` rounds of ``--prompts`` prompts each), each cell beside p
 - ``turns``: a conversation, each prompt the previous one plus a ~50-word turn.
 Every cached result is checked equal to plain ``encode`` (a mismatch stops the run).
 
-    python -m router.prepare.token_prefix_cache_benchmark [--out benchmarks/results]
+    python -m benchmarks.router_micro.token_prefix_cache [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{folder}:", flush=True)
         results[Path(folder).name] = measure(load_tokenizer(folder), args)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m router.prepare.token_prefix_cache_benchmark " + " ".join(
+    command = "python -m benchmarks.router_micro.token_prefix_cache " + " ".join(
         argv or sys.argv[1:]
     )
     (args.out / "token_prefix_cache.json").write_text(json.dumps(

@@ -11,7 +11,7 @@ Measured side by side in one run, median of many repetitions:
   first block only is held everywhere (hashes two blocks). The new prompt's other
   blocks are hashed afterwards, for the chosen worker's record: ``hash_cold_ms``.
 
-    python -m router.scheduling.prefix_lookup_benchmark [--tokens 4096] [--out benchmarks/results]
+    python -m benchmarks.router_micro.prefix_lookup [--tokens 4096] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main() -> int:
     rows = [measure(block_size, name, args, rng)
             for block_size in args.block_sizes for name in HASH_FUNCTIONS]  # fmt: skip
     report = {
-        "command": "python -m router.scheduling.prefix_lookup_benchmark " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.router_micro.prefix_lookup " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
         "prompt_tokens": args.tokens,
         "index_blocks": args.index_blocks,

@@ -8,7 +8,7 @@ matching nothing), and measures the CPU per event at positions 1..N of the answe
 process, beside the cost of parsing the same event alone (what any relay that reads the
 text pays). Results: ``benchmarks/results/safety_screen.{json,png,md}``.
 
-    python -m router.rollout.safety_screen_benchmark [--events 4000] [--repeats 5]
+    python -m benchmarks.router_micro.safety_screen [--events 4000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def write(report: dict) -> None:
     lines = [
         "# Safety screen: CPU per streamed event",
         "",
-        "`python -m router.rollout.safety_screen_benchmark "
+        "`python -m benchmarks.router_micro.safety_screen "
         f"--events {report['events']} --repeats {report['repeats']}`",
         "",
         f"Policy: {report['policy']}. One token's text per event.",
