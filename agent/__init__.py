@@ -1,5 +1,7 @@
-"""The worker-agent core shared by prefill/ and decode/: it runs and supervises one vLLM.
+"""The worker agent: it runs and supervises one vLLM, reports it to the router, and
+re-roles it when asked.
 
-Role specifics (kv_producer vs kv_consumer, admission) live in prefill/ and decode/;
-this package only knows how to start an engine, watch it and report it.
+The core (``runner``, ``supervisor``, ``reporter``, ``placement``, the engine spec and
+start-up fixes, the prefill-rate probe) knows how to start an engine, watch it and report
+it; the roles (prefill, decode, colocated) are engine spec choices in ``agent/roles/``.
 """

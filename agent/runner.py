@@ -24,7 +24,6 @@ from contracts.block_hashing import engine_hash_seed
 from contracts.logs import configure_logging
 from contracts.machine import read_cpu
 from contracts.workers import WorkerRegistration, WorkerRole
-from kvtransfer.transport import KVRole, NixlTransport
 from modelstore.checksum import folder_checksum
 
 log = logging.getLogger("pdserve.agent")
@@ -77,31 +76,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then extra vLLM args")
 
 
-def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--side-channel-port", type=int, required=True, help="NIXL side channel")
-    parser.add_argument("--kv-lease-s", type=int, default=30, help="producer block lease")
-    parser.add_argument("--ucx-net-devices", default="lo", help='UCX devices ("" for all)')
-    parser.add_argument("--nixl-progress-delay-us", type=int, default=1000,
-                        help="how long NIXL's progress thread waits for a UCX event before "
-                        "polling again (0: NIXL's busy poll, a whole core per engine)")  # fmt: skip
-
-
-def agent_argv(role: str, **flags: object) -> list[str]:
-    """The agent command line (``pdserve <role> ...``) for flag values given by their
-    argparse names, so a launcher never spells a flag itself. None leaves a flag out."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(parser)
-    add_transport_arguments(parser)
-    spelled = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    argv = [role]
-    for dest, value in flags.items():
-        if dest not in spelled:
-            raise ValueError(f"the agent has no flag for {dest!r}")
-        if value is not None:
-            argv += [spelled[dest], str(value)]
-    return argv
-
-
 def engine_dtype(args: argparse.Namespace, device: str) -> DtypeChoice:
     """The flag, else ``$PDSERVE_DTYPE``, else what this device computes natively."""
     if args.engine == "sim":
@@ -140,33 +114,6 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         # Set by the command line for --engine sim (the agent does not import the sim).
         "sim_facts": getattr(args, "sim_facts", None),
     }
-
-
-def nixl_spec(args: argparse.Namespace, kv_role: KVRole) -> EngineSpec:
-    """The engine for a P/D role: NixlConnector with the side channel on the engine's host."""
-    fields = base_spec_fields(args)
-    transport = NixlTransport(
-        role=kv_role,
-        buffer_device="cuda" if fields["device"] == "cuda" else "cpu",
-        side_channel_host=args.host,
-        side_channel_port=args.side_channel_port,
-        ucx_net_devices=args.ucx_net_devices or None,
-        kv_lease_s=args.kv_lease_s,
-        progress_delay_us=args.nixl_progress_delay_us,
-    )
-    return EngineSpec(**fields, transport=transport)
-
-
-KV_ROLES: dict[WorkerRole, KVRole] = {
-    WorkerRole.PREFILL: "kv_producer",
-    WorkerRole.DECODE: "kv_consumer",
-}
-
-
-def pd_respec(args: argparse.Namespace) -> Callable[[WorkerRole], EngineSpec]:
-    """How a P/D agent builds its engine for either role: a re-role changes the NIXL role
-    and nothing else (the side channel, lease and devices are the same flags)."""
-    return lambda role: nixl_spec(args, KV_ROLES[role])
 
 
 def run_agent(

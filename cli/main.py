@@ -9,11 +9,9 @@ AGENT_COMMANDS = ("prefill", "decode", "colocated")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent import colocated
+    from agent.roles import colocated, decode, prefill
     from cli import admin, agent_token, launcher, model_prep, status
-    from decode import agent as decode_agent
     from loadgen import bench_cli, calibrate_cli
-    from prefill import agent as prefill_agent
     from router.http import server
     from sim import cli as sim_cli
 
@@ -22,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, summary in (
         ("up", launcher, "start a local cluster: router + prefill + decode workers"),
         ("router", server, "run the router (OpenAI API + admin)"),
-        ("prefill", prefill_agent, "run a prefill agent supervising one vLLM (kv_producer)"),
-        ("decode", decode_agent, "run a decode agent supervising one vLLM (kv_consumer)"),
+        ("prefill", prefill, "run a prefill agent supervising one vLLM (kv_producer)"),
+        ("decode", decode, "run a decode agent supervising one vLLM (kv_consumer)"),
         ("colocated", colocated, "run a colocated agent: one plain vLLM, no P/D"),
         ("sim", sim_cli, "run simulated vLLM servers (GPU-free, calibrated timing)"),
         ("model", model_prep, "prepare a model into ~/.cache/pdserve"),

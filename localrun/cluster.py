@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent import process_group
-from agent.runner import agent_argv
+from agent.roles import agent_argv
 from contracts.agent_tokens import agent_token
 from localrun.ports import free_ports
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("contracts", "kvtransfer", "modelstore", "router", "agent", "prefill", "decode",
-            "sim", "loadgen", "benchmarks", "cli", "localrun")  # fmt: skip
+PACKAGES = ("contracts", "kvtransfer", "modelstore", "router", "agent", "sim", "loadgen",
+            "benchmarks", "cli", "localrun")  # fmt: skip
 # Files that run inside the engine's interpreter, where vLLM and NIXL are installed.
 ENGINE_SIDE = {ROOT / "agent" / "engine_site" / "sitecustomize.py"}
 

@@ -1,5 +1,5 @@
 """Imports flow one way (ARCHITECTURE.md): cli on top; localrun, benchmarks, loadgen, sim,
-router and the agent (with prefill and decode) in the middle; contracts, kvtransfer and
+router and the agent (its roles in agent/roles) in the middle; contracts, kvtransfer and
 modelstore at the bottom. Every import counts, the lazy ones inside functions and the ones under
 ``TYPE_CHECKING`` too. Inside a folder, modules form no loop either, and nothing in the
 router imports its app (``router.http.app``) but the server that runs it.
@@ -16,18 +16,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BOTTOM = {"contracts", "kvtransfer", "modelstore"}
-MIDDLE = {"localrun", "benchmarks", "loadgen", "sim", "router", "agent", "prefill", "decode"}
-AGENT = {"agent", "prefill", "decode"}
+MIDDLE = {"localrun", "benchmarks", "loadgen", "sim", "router", "agent"}
 # What each middle folder may not import, beyond the rules every folder follows.
 FORBIDDEN: dict[str, set[str]] = {
     # The sim is an engine: it knows nothing of who drives or measures it.
-    "sim": {"agent", "prefill", "decode", "benchmarks", "loadgen", "localrun", "router"},
-    # Agents pick the engine kind through facts handed in (SimFacts), never the sim.
-    **{role: {"sim", "router", "benchmarks", "loadgen", "localrun"} for role in AGENT},
+    "sim": {"agent", "benchmarks", "loadgen", "localrun", "router"},
+    # The agent (and its roles) picks the engine kind through facts handed in (SimFacts),
+    # never the sim.
+    "agent": {"sim", "router", "benchmarks", "loadgen", "localrun"},
     # The router never imports worker internals.
-    "router": {"agent", "prefill", "decode", "sim", "benchmarks", "loadgen", "localrun"},
+    "router": {"agent", "sim", "benchmarks", "loadgen", "localrun"},
     # The load generator works against any endpoint (calibration aside: EXCEPTIONS).
-    "loadgen": {"router", "agent", "prefill", "decode", "sim", "benchmarks", "localrun"},
+    "loadgen": {"router", "agent", "sim", "benchmarks", "localrun"},
     # The scripts work against any endpoint (router micro-benchmarks aside: EXCEPTIONS).
     "benchmarks": {"router"},
     "localrun": {"benchmarks", "loadgen", "router"},

@@ -11,25 +11,11 @@ from __future__ import annotations
 
 import argparse
 
-from agent.engine_spec import EngineSpec
-from agent.runner import (
-    add_engine_arguments,
-    add_transport_arguments,
-    nixl_spec,
-    pd_respec,
-    run_agent,
-)
+from agent.roles.pd import add_arguments, serve
 from contracts.workers import WorkerRole
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
-    add_transport_arguments(parser)
-
-
-def build_spec(args: argparse.Namespace) -> EngineSpec:
-    return nixl_spec(args, "kv_consumer")
+__all__ = ["add_arguments", "main"]
 
 
 def main(args: argparse.Namespace) -> int:
-    return run_agent(WorkerRole.DECODE, build_spec(args), args, respec=pd_respec(args))
+    return serve(WorkerRole.DECODE, args)

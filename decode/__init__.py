@@ -1,1 +1,0 @@
-"""The decode worker agent: one vLLM as NixlConnector ``kv_consumer``."""

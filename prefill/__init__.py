@@ -1,1 +1,0 @@
-"""The prefill worker agent: one vLLM as NixlConnector ``kv_producer``."""
