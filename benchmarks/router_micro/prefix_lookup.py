@@ -32,6 +32,7 @@ from contracts.block_hashing import (
     external_block_hash,
     none_hash,
 )
+from contracts.machine import machine_record
 from router.prepare.prompt_blocks import PromptBlocks
 from router.scheduling.prefix_index import PrefixIndex
 
@@ -98,6 +99,7 @@ def main() -> int:
     report = {
         "command": "python -m benchmarks.router_micro.prefix_lookup " + " ".join(sys.argv[1:]),
         "date": time.strftime("%F %T"),
+        "machine": machine_record(),
         "prompt_tokens": args.tokens,
         "index_blocks": args.index_blocks,
         "workers": args.workers,

@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from contracts.machine import machine_record
 from contracts.safety import SafetyPolicy
 from router.rollout.safety import Screen, StreamScreen
 
@@ -110,6 +111,9 @@ def run(count: int, repeats: int) -> dict:
         "events": count,
         "repeats": repeats,
         "python": platform.python_version(),
+        "machine": machine_record(),
+        "command": "python -m benchmarks.router_micro.safety_screen",
+        "date": time.strftime("%F %T"),
         "policy": "8 regexes + 1,000-word blocklist, output, matching nothing",
         "series": {},
     }

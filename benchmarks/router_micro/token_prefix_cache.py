@@ -28,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from contracts.machine import machine_record
 from contracts.tokenization import ModelTokenizer, load_tokenizer
 from modelstore import tiny_llama
 from router.prepare.token_prefix_cache import TokenPrefixCache
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         argv or sys.argv[1:]
     )
     (args.out / "token_prefix_cache.json").write_text(json.dumps(
-        {"command": command.strip(), "settings": {k: str(v) for k, v in vars(args).items()},
+        {"command": command.strip(), "date": time.strftime("%F %T"),
+         "machine": machine_record(), "settings": {k: str(v) for k, v in vars(args).items()},
          "results": results}, indent=1))  # fmt: skip
     plot(results, args.out / "token_prefix_cache.png")
     print(f"wrote {args.out / 'token_prefix_cache.json'} and .png")

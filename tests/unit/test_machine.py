@@ -26,7 +26,7 @@ def test_the_record_names_cpu_flags_cores_and_commit():
 def test_every_benchmark_that_writes_a_result_records_the_machine():
     """A script that writes a JSON result (or a profile) calls machine_record()."""
     writers = []
-    for path in sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "loadgen").glob("*.py")]):
+    for path in sorted([*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "loadgen").rglob("*.py")]):
         tree = ast.parse(path.read_text())
         calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
                  for n in ast.walk(tree) if isinstance(n, ast.Call)}  # fmt: skip
