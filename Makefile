@@ -3,6 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL ?= smollm2
 PORT ?= 8000
+# Test processes for the tiers without vLLM (pytest-xdist; one module per worker).
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: setup tools run test test-fast test-real lint format bench docs
 
@@ -17,12 +20,15 @@ tools:
 run: setup
 	$(BIN)/pdserve up --model $(MODEL) --port $(PORT)
 
-## Lint, then every test tier: fast (no vLLM) and real (vLLM CPU + tiny model).
+## Lint, then every test tier: fast and slow (no vLLM, in parallel), then real (vLLM CPU +
+## the tiny model, one shared cluster, in order).
 test: setup tools lint
-	$(BIN)/pytest -v
+	$(BIN)/pytest -v -m "not vllm" $(PARALLEL)
+	$(BIN)/pytest -v -m vllm
 
+## The tier to run often: under 2 minutes on a 2-core box.
 test-fast: setup tools
-	$(BIN)/pytest -v -m "not vllm"
+	$(BIN)/pytest -v -m "not vllm and not slow" $(PARALLEL)
 
 test-real: setup
 	$(BIN)/pytest -v -m vllm

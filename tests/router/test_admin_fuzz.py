@@ -128,14 +128,17 @@ def state(router) -> list[object]:
     return views
 
 
-BATCH = 25  # calls per example: 40 examples, 1,000 calls
+BATCH = 25  # calls per example
+# The fast tier makes a derandomized first 300 calls; the slow tier (``make test``) 1,000.
+CALLS = [300, pytest.param(1000, marks=pytest.mark.slow)]
 
 
-def test_no_admin_call_gets_a_5xx_and_no_refusal_changes_state(router):
+@pytest.mark.parametrize("budget", CALLS)
+def test_no_admin_call_gets_a_5xx_and_no_refusal_changes_state(router, budget):
     router, seeds = router
     seen = {"before": state(router), "statuses": []}
 
-    @settings(max_examples=1000 // BATCH, deadline=None, derandomize=True,
+    @settings(max_examples=budget // BATCH, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
     @given(batch=st.lists(calls(seeds), min_size=BATCH, max_size=BATCH))
     def fuzz(batch: list[tuple[str, str, str, bytes | None]]) -> None:
@@ -152,6 +155,7 @@ def test_no_admin_call_gets_a_5xx_and_no_refusal_changes_state(router):
 
     fuzz()
     statuses = seen["statuses"]
-    assert len(statuses) >= 1000
+    assert len(statuses) >= budget
     # Both sides were exercised: refusals, and calls that went through.
-    assert sum(s >= 400 for s in statuses) > 100 and sum(s < 300 for s in statuses) > 100
+    enough = budget // 10
+    assert sum(s >= 400 for s in statuses) > enough and sum(s < 300 for s in statuses) > enough

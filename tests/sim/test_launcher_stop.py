@@ -112,10 +112,20 @@ def _sigint_twice(launched: Launched) -> None:
     assert not stream.done, "stop now must cut the stream, not drain it"
 
 
+# Each way starts a cluster of its own: the fast tier stops it the orderly way and by
+# killing the launcher alone (the parent-death path); the two escalations are slow-tier.
 @pytest.mark.parametrize(
     "stop",
-    [_orderly, _sigterm_then_sigkill_after_1s, _sigkill_launcher_alone, _sigint_twice],
-    ids=["sigterm", "sigterm-then-sigkill-after-1s", "sigkill-launcher-alone", "sigint-twice"],
+    [
+        pytest.param(_orderly, id="sigterm"),
+        pytest.param(_sigkill_launcher_alone, id="sigkill-launcher-alone"),
+        pytest.param(
+            _sigterm_then_sigkill_after_1s,
+            id="sigterm-then-sigkill-after-1s",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(_sigint_twice, id="sigint-twice", marks=pytest.mark.slow),
+    ],
 )
 def test_no_process_or_port_is_left_however_pdserve_up_stops(
     launched: Launched, stop: Callable[[Launched], None]
