@@ -27,12 +27,9 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,10 +41,9 @@ import matplotlib.pyplot as plt
 import psutil
 
 from agent import process_group
-from contracts.agent_tokens import agent_token
+from benchmarks.reference_router import start_reference_router
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
-from contracts.workers import WorkerRegistration
 from loadgen.prometheus_text import scrape, total
 from loadgen.words import WordSource
 from localrun.cluster import ClusterPlan, LocalCluster
@@ -209,50 +205,6 @@ def _answers(url: str) -> bool:
     return True
 
 
-def start_reference_router(
-    tree: Path, cluster: LocalCluster, run_dir: Path
-) -> tuple[str, subprocess.Popen]:
-    """The router of another checkout (``--ref-tree``: say, before a change), in front of
-    the same engine: the engine is registered with it once and never goes stale."""
-    (port,) = free_ports(1)
-    never = "1000000"  # seconds: the registration made here is never refreshed
-    env = {**os.environ, **ROUTER_ENV, **cluster.router_secrets(),
-           "PDSERVE_HEARTBEAT_TIMEOUT_S": never, "PDSERVE_FORGET_AFTER_S": never}  # fmt: skip
-    with (run_dir / "router_ref.log").open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "router", "--port", str(port)], cwd=tree,
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    process_group.wait_until(lambda: process_group.http_ok(url + "/health"), timeout_s=60,
-                             what="reference router", process=process)  # fmt: skip
-    known = set(WorkerRegistration.model_fields)
-    for worker in cluster.admin("GET", "/admin/workers")["workers"]:
-        registration = {k: v for k, v in worker.items() if k in known}
-        beat = {"worker_id": worker["worker_id"], "ready": True,
-                "incarnation": worker["incarnation"]}  # fmt: skip
-        # The worker's agent token; a tree from before agent tokens took the admin token.
-        tokens = (agent_token(cluster.agent_secret, worker["worker_id"]), cluster.admin_token)
-        for path, body in (("/admin/workers/register", registration),
-                           ("/admin/workers/heartbeat", beat)):  # fmt: skip
-            _post_with_either(url + path, body, tokens)
-    return url, process
-
-
-def _post_with_either(url: str, body: dict, tokens: tuple[str, str]) -> None:
-    for token in tokens:
-        request = urllib.request.Request(
-            url, data=json.dumps(body).encode(), method="POST",
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=10):
-                return
-        except urllib.error.HTTPError as error:
-            if error.code not in (401, 403) or token == tokens[-1]:
-                raise
-
-
 def run(args: argparse.Namespace) -> dict:
     model_dir = tiny_llama.ensure()
     words = WordSource(load_tokenizer(str(model_dir)))
@@ -275,7 +227,7 @@ def run(args: argparse.Namespace) -> dict:
         targets = {"router": (cluster.router_url, cluster.router.pid),
                    **{k: (url, process.pid) for k, (url, process) in doors.items()}}  # fmt: skip
         if args.ref_tree:
-            url, process = start_reference_router(args.ref_tree, cluster, run_dir)
+            url, process = start_reference_router(args.ref_tree, cluster, run_dir, ROUTER_ENV)
             proxies.append(process)
             targets["router_ref"] = (url, process.pid)
         names = tuple(targets)
