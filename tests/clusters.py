@@ -5,7 +5,7 @@
   own name, so the router offers the model with and without P/D side by side and
   the colocated engine is the single-instance reference P/D output must equal.
 - ``sim_cluster``: the same router and agents with simulators in vLLM's place:
-  2 prefill + 4 decode + 1 colocated.
+  2 prefill + 2 decode + 1 colocated (each test that needs two of a pool uses -0 and -1).
 
 Each starts on first use and stops at the end of the session; every engine
 publishes KV events.
@@ -96,7 +96,7 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         served_name=MODEL,
         colocated_served_name=COLOCATED_MODEL,
         prefill=2,
-        decode=4,
+        decode=2,
         colocated=1,
         port=port,
         run_dir=tmp_path_factory.mktemp("sim-cluster"),
