@@ -21,6 +21,10 @@ from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
 
+# Slow tier: re-roles restart engines under load (about 40 CPU-seconds, a sixth of the
+# fast tier's budget on 2 cores). The targets' storage is in the fast tier (tests/state).
+pytestmark = pytest.mark.slow
+
 OPERATOR = "operator-secret"
 VIEWER = "viewer-secret"
 

@@ -29,6 +29,10 @@ from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
 
+# Slow tier: two routers, Redis and a 2P+2D cluster, killed and restarted (about 30
+# CPU-seconds). The shared state itself is in the fast tier (test_state_suite, test_state_sync).
+pytestmark = pytest.mark.slow
+
 OPERATOR = "replica-operator"
 HEADERS = {"Authorization": f"Bearer {OPERATOR}"}
 HEARTBEAT_TIMEOUT_S = 3  # short, so tests can outlast it in seconds

@@ -20,6 +20,9 @@ from modelstore import tiny_llama
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 
+# Slow tier: a router of two processes beside a cluster of its own (about 12 CPU-seconds).
+pytestmark = pytest.mark.slow
+
 VIEWER = "processes-viewer"
 
 
