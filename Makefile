@@ -3,9 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL ?= smollm2
 PORT ?= 8000
-# Test processes for the tiers without vLLM (pytest-xdist; one module per worker).
+# Test processes for the tiers without vLLM (pytest-xdist; one module per worker: --dist loadfile).
 TEST_WORKERS ?= 2
-PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: setup tools run test test-fast test-real lint format bench docs
 
@@ -26,7 +26,7 @@ test: setup tools lint
 	$(BIN)/pytest -v -m "not vllm" $(PARALLEL)
 	$(BIN)/pytest -v -m vllm
 
-## The tier to run often: under 2 minutes on a 2-core box.
+## The tier to run often (the aim: under 2 minutes on a 2-core box).
 test-fast: setup tools
 	$(BIN)/pytest -v -m "not vllm and not slow" $(PARALLEL)
 

@@ -8,9 +8,10 @@ cluster starts: next to its three engines a fourth takes minutes to load on 2 co
 The run fails if any process the tests started is still alive at its end
 (``no_process_left_behind``).
 
-Under pytest-xdist (``make test``, ``make test-fast``: ``--dist loadgroup``) a test
-module runs on one worker, so its module-scoped cluster starts once; every module that
-uses the shared ``sim_cluster`` goes to one worker too, so that cluster also starts once.
+Under pytest-xdist (``make test``, ``make test-fast``: ``--dist loadfile``) a test
+module runs on one worker, so its module-scoped cluster starts once. The xdist groups
+marked here (every module on the shared ``sim_cluster`` in one) take effect only under
+``--dist loadgroup``, which the Makefile does not use yet (docs/testing.md says why).
 """
 
 from __future__ import annotations
