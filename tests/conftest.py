@@ -9,9 +9,7 @@ The run fails if any process the tests started is still alive at its end
 (``no_process_left_behind``).
 
 Under pytest-xdist (``make test``, ``make test-fast``: ``--dist loadfile``) a test
-module runs on one worker, so its module-scoped cluster starts once. The xdist groups
-marked here (every module on the shared ``sim_cluster`` in one) take effect only under
-``--dist loadgroup``, which the Makefile does not use yet (docs/testing.md says why).
+module runs on one worker, so its module-scoped cluster starts once.
 """
 
 from __future__ import annotations
@@ -67,14 +65,10 @@ def no_process_left_behind() -> Iterator[None]:
     )
 
 
-SHARED_SIM_CLUSTER = "sim_cluster"
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_TIER in Path(item.fspath).parents:
             item.add_marker(pytest.mark.vllm)
-    _group_by_cluster(items)
 
     def tier(item: pytest.Item) -> int:
         if item.get_closest_marker("vllm") is None:
@@ -82,20 +76,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("own_engines") else 2
 
     items.sort(key=tier)  # stable: file order holds within a tier
-
-
-def _group_by_cluster(items: list[pytest.Item]) -> None:
-    """One xdist group per module, and one for all the modules on the shared sim cluster
-    (a session fixture starts once per worker that uses it)."""
-
-    def module(item: pytest.Item) -> str:
-        return item.nodeid.split("::", 1)[0]
-
-    on_shared = {
-        module(item) for item in items if SHARED_SIM_CLUSTER in getattr(item, "fixturenames", ())
-    }
-    for item in items:
-        where = module(item)
-        item.add_marker(
-            pytest.mark.xdist_group(SHARED_SIM_CLUSTER if where in on_shared else where)
-        )
