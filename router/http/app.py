@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 
 from contracts.safety import HookCheck
 from contracts.workers import WorkerRegistration
@@ -263,6 +264,7 @@ def create_app(settings: RouterSettings, *, clock: Callable[[], float] = time.mo
                   redoc_url=None, openapi_url=None)  # fmt: skip
     app.state.parts = parts
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _routing_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
     for route in ROUTES:
         app.add_api_route(
@@ -371,6 +373,16 @@ async def _api_error(_: Request, error: APIError) -> Response:
         media_type="application/json",
         headers=error.headers(),
     )
+
+
+async def _routing_error(request: Request, error: HTTPException) -> Response:
+    """Starlette's own refusals (no such path, a method the path lacks) in OpenAI's shape,
+    not its ``{"detail": ...}``: clients parse one error body everywhere."""
+    kind = APIError(f"{request.method} {request.url.path}: {error.detail}")
+    kind.status = error.status_code
+    kind.type = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    return Response(content=kind.json_bytes(), status_code=error.status_code,
+                    media_type="application/json", headers=dict(error.headers or {}))  # fmt: skip
 
 
 async def _unexpected(request: Request, error: Exception) -> Response:
