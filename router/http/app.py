@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import StarletteHTTPException as HTTPException
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException
 
 from contracts.safety import HookCheck
 from contracts.workers import WorkerRegistration
