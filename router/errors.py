@@ -67,6 +67,11 @@ class NotFound(APIError):
     type = "not_found_error"
 
 
+class MethodNotAllowed(APIError):
+    status = 405
+    type = "invalid_request_error"
+
+
 class RequestTooLarge(APIError):
     status = 413
     type = "invalid_request_error"

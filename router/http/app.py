@@ -19,7 +19,7 @@ from contracts.workers import WorkerRegistration
 from router.admission.admit import Admission
 from router.admission.tenants import Tenants
 from router.admission.ttft_predictor import TTFTPredictor
-from router.errors import APIError
+from router.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound
 from router.fleet.background import keep_running
 from router.fleet.health import probe_engines_forever
 from router.fleet.pool_control import PoolController
@@ -376,13 +376,12 @@ async def _api_error(_: Request, error: APIError) -> Response:
 
 
 async def _routing_error(request: Request, error: HTTPException) -> Response:
-    """Starlette's own refusals (no such path, a method the path lacks) in OpenAI's shape,
-    not its ``{"detail": ...}``: clients parse one error body everywhere."""
-    kind = APIError(f"{request.method} {request.url.path}: {error.detail}")
-    kind.status = error.status_code
-    kind.type = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    return Response(content=kind.json_bytes(), status_code=error.status_code,
-                    media_type="application/json", headers=dict(error.headers or {}))  # fmt: skip
+    """Starlette's own refusals (no such path, a method the path lacks: the only two its
+    router raises) in OpenAI's shape, not its ``{"detail": ...}``: one error body everywhere."""
+    kind = {404: NotFound, 405: MethodNotAllowed}.get(error.status_code, InvalidRequest)
+    answer = await _api_error(request, kind(f"{request.method} {request.url.path}: {error.detail}"))
+    answer.headers.update(error.headers or {})  # 405's Allow
+    return answer
 
 
 async def _unexpected(request: Request, error: Exception) -> Response:
