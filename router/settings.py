@@ -163,6 +163,14 @@ class UpstreamSettings(_Group):
     prefill_retries: int = Field(
         1, ge=0, le=3, description="Retries of a failed prefill on another prefill worker."
     )
+    stream_migration_attempts: int = Field(
+        2,
+        ge=0,
+        le=5,
+        description="Workers tried to go on with a stream whose engine failed mid-answer "
+        "(greedy or seeded completions, once per stream; 0: migration off, the stream ends "
+        "with an SSE error event).",
+    )
     upstream_pool_size: int = Field(
         1024,
         ge=1,

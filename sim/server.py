@@ -315,14 +315,29 @@ class SimServer:
 def output_ids(
     tokenizer: ModelTokenizer, seed: int, prompt_ids: list[int], count: int
 ) -> list[int]:
-    """The sim's deterministic 'generation' for a prompt: ordinary vocabulary tokens."""
-    rng = random.Random(hash((seed, tuple(prompt_ids))) & 0xFFFFFFFF)
+    """The sim's deterministic 'generation': ordinary vocabulary tokens, each a function of
+    the seed and the whole context before it, as a greedy model's would be. So the prompt
+    plus the first k outputs, sent as a new prompt, goes on with output k+1 onwards (a
+    migrated stream continues exactly)."""
+    state = seed & _MASK
+    for token in prompt_ids:
+        state = _mixed(state, token)
     ids: list[int] = []
     while len(ids) < count:
-        token = rng.randrange(tokenizer.vocab_size)
-        if token not in tokenizer.special_ids:
-            ids.append(token)
+        draw = _mixed(state, 0)
+        while (token := (draw >> 24) % tokenizer.vocab_size) in tokenizer.special_ids:
+            draw = _mixed(draw, 1)
+        ids.append(token)
+        state = _mixed(state, token)  # as the prompt's tokens were taken in
     return ids
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mixed(state: int, token: int) -> int:
+    """A 64-bit linear congruential step that takes in one token (Knuth's MMIX constants)."""
+    return (state * 6364136223846793005 + 1442695040888963407 + token) & _MASK
 
 
 async def _tokens(request: SimRequest) -> AsyncIterator[int]:
@@ -388,7 +403,11 @@ async def _stream(
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": None}
-        if body.get("return_token_ids"):
+        if not chat:  # like vLLM's completion chunks: both fields, null unless asked
+            asked = bool(body.get("return_token_ids"))
+            choice["prompt_token_ids"] = request.prompt_token_ids if asked and first else None
+            choice["token_ids"] = list(held) if asked else None
+        elif body.get("return_token_ids"):
             choice["token_ids"] = list(held)
         if finished:
             choice["finish_reason"] = request.finish_reason

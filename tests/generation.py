@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -17,6 +18,8 @@ class Generation:
     done: bool = False  # streamed: saw data: [DONE]
     error_events: list[dict] = field(default_factory=list)
     body: dict | None = None
+    response_ids: set[str] = field(default_factory=set)  # streamed: every chunk's id
+    chunks: int = 0  # streamed: data chunks with choices
 
 
 def choice_text(choice: dict) -> str:
@@ -27,8 +30,15 @@ def choice_text(choice: dict) -> str:
     return choice.get("text") or ""
 
 
-def generate(base_url: str, path: str, body: dict, timeout_s: float = 120) -> Generation:
-    """POST ``body``; streamed or not, fold the answer into one ``Generation``."""
+def generate(
+    base_url: str,
+    path: str,
+    body: dict,
+    timeout_s: float = 120,
+    on_chunk: Callable[[Generation], None] = lambda _: None,
+) -> Generation:
+    """POST ``body``; streamed or not, fold the answer into one ``Generation``
+    (``on_chunk`` sees it after each streamed chunk is folded in)."""
     with httpx.Client(timeout=timeout_s) as client:
         if not body.get("stream"):
             response = client.post(base_url + path, json=body)
@@ -56,12 +66,15 @@ def generate(base_url: str, path: str, body: dict, timeout_s: float = 120) -> Ge
                         result.error_events.append(json.loads(data))
                     else:
                         _fold_chunk(result, json.loads(data))
+                        on_chunk(result)
                 elif not line:
                     event = None
             return result
 
 
 def _fold_chunk(result: Generation, chunk: dict) -> None:
+    result.response_ids.add(chunk.get("id"))
+    result.chunks += bool(chunk.get("choices"))
     for choice in chunk.get("choices") or []:
         result.text += choice_text(choice)
         result.token_ids += choice.get("token_ids") or []

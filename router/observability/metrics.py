@@ -421,6 +421,12 @@ class RouterMetrics:
             field: Counter(name, doc, ["model", "pool"], registry=r)
             for field, (name, doc) in _ENGINE_COUNTER_DOCS.items()
         }
+        self.stream_migrations = Counter(
+            "pdserve_stream_migrations",
+            "Streams whose engine failed mid-answer, by outcome: migrated (went on on another "
+            "worker), not_continuable (its sampling cannot be continued exactly), no_worker",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
         self.routed_requests = Counter(
             "pdserve_routed_requests", "Requests sent to each worker (retries included)",
             ["worker", "role"], registry=r,

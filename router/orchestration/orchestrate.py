@@ -22,10 +22,12 @@ Failure rules (``_triage`` applies them to every attempt of either phase):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import Response
@@ -33,13 +35,14 @@ from fastapi.responses import Response
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
 from router.admission.ttft_predictor import TTFTPredictor
-from router.errors import NoCapacity, UpstreamFailed, UpstreamRejected
+from router.errors import APIError, NoCapacity, UpstreamFailed, UpstreamRejected
 from router.fleet.registry import Pools, WorkerRegistry, WorkerState
 from router.fleet.worker_networks import WorkerNetworks
 from router.observability.metrics import RouterMetrics
-from router.orchestration.engine_client import EngineClient
+from router.orchestration.engine_client import EngineClient, EngineConnection
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
-from router.orchestration.relay import SSE_HEADERS, SSERelay, StreamStats
+from router.orchestration.migration import Continuation, Transcript, resume_mode
+from router.orchestration.relay import SSE_HEADERS, Resume, SSERelay, StreamStats, no_resume
 from router.orchestration.sse_passthrough import EngineSSEResponse
 from router.orchestration.usage import usage_in_answer, with_usage_requested
 from router.prepare.prepare import PreparedRequest
@@ -107,7 +110,7 @@ class Orchestrator:
             decode = self._pick(request, WorkerRole.DECODE, pools.decode, blocks)
             if decode is not None and self._scheduler.prefill_on_decode(decode):
                 return await self._decode_phase(
-                    request, pools.decode, blocks, mode="decode_local", first=decode,
+                    request, pools, pools.decode, blocks, mode="decode_local", first=decode,
                     prefilled=prefilled,
                 )  # fmt: skip
             # The decode's KV is reserved now, not after the prefill: others picking a
@@ -117,14 +120,14 @@ class Orchestrator:
                 handoff = await self._prefill_phase(request, pools.prefill, blocks)
                 prefilled()
                 return await self._decode_phase(
-                    request, pools.decode, blocks, mode="disaggregated", first=decode,
-                    handoff=handoff, prefill_pool=pools.prefill,
+                    request, pools, pools.decode, blocks, mode="disaggregated", first=decode,
+                    handoff=handoff,
                 )  # fmt: skip
             finally:
                 reservation.end()  # the answer's own ticket holds it from its start
         if pools.colocated:
             return await self._decode_phase(
-                request, pools.colocated, blocks, mode="colocated", prefilled=prefilled
+                request, pools, pools.colocated, blocks, mode="colocated", prefilled=prefilled
             )
         missing = "prefill" if pools.decode else "decode" if pools.prefill else "any"
         raise NoCapacity(
@@ -201,13 +204,13 @@ class Orchestrator:
     async def _decode_phase(
         self,
         request: PreparedRequest,
+        pools: Pools,
         pool: Sequence[WorkerState],
         blocks: PromptBlocks,
         *,
         mode: str,
         first: Decision | None = None,
         handoff: KVHandoff | None = None,
-        prefill_pool: Sequence[WorkerState] = (),
         prefilled: Callable[[], None] = lambda: None,
     ) -> Response:
         role = pool[0].role
@@ -216,7 +219,7 @@ class Orchestrator:
         reprefills_left, lease_s = self._leases.kv_lease_reprefills, self._leases.kv_lease_s
         for _ in range(len(pool)):
             if handoff is not None and not handoff.lease_holds(self._clock(), lease_s):
-                handoff = await self._renewed(request, prefill_pool, blocks, reprefills_left)
+                handoff = await self._renewed(request, pools.prefill, blocks, reprefills_left)
                 reprefills_left -= 1
             decision = first if first is not None and not tried else None
             decision = decision or self._pick(request, role, pool, blocks, tried)
@@ -225,7 +228,8 @@ class Orchestrator:
             tried.append(decision.worker.worker_id)
             self._scheduler.place(blocks, decision)
             try:
-                return await self._answer(request, decision, handoff, mode, prefilled)
+                return await self._answer(request, pools, blocks, decision, handoff, mode,
+                                          prefilled)  # fmt: skip
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(decision.worker, error))
         if failures:
@@ -255,18 +259,16 @@ class Orchestrator:
     async def _answer(
         self,
         request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
         decision: Decision,
         handoff: KVHandoff | None,
         mode: str,
         prefilled: Callable[[], None],
     ) -> Response:
         worker = decision.worker
-        body, client_wants_usage = request.body, True
-        if request.stream:  # the token counters need usage; the client gets it only if asked
-            body, client_wants_usage = with_usage_requested(body)
-        if handoff is not None:
-            body = {**body, "kv_transfer_params": handoff.to_decode_params()}
-        payload = json.dumps(body).encode()
+        transcript = self._transcript(request)
+        payload, client_wants_usage = _engine_payload(request, handoff, transcript)
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
         mark = None
@@ -301,10 +303,14 @@ class Orchestrator:
         if not request.stream:
             with ticket:
                 return await self._complete(request, worker, payload, mode)
+        seat = _Seat(worker, ticket)
+        resume = no_resume
+        if transcript is not None:
+            resume = functools.partial(self._migrate, request, pools, blocks, transcript, seat)
         try:
             return await self._stream(
-                request, worker, payload, mode, handoff, ticket, first_byte,
-                strip_usage=not client_wants_usage,
+                request, seat, payload, mode, handoff, first_byte,
+                strip_usage=not client_wants_usage, transcript=transcript, resume=resume,
             )  # fmt: skip
         except BaseException:
             ticket.end()
@@ -351,14 +357,15 @@ class Orchestrator:
     async def _stream(
         self,
         request: PreparedRequest,
-        worker: WorkerState,
+        seat: _Seat,
         body: bytes,
         mode: str,
         handoff: KVHandoff | None,
-        ticket: Ticket,
         first_byte: Callable[[float], None],
         *,
         strip_usage: bool,
+        transcript: Transcript | None,
+        resume: Resume,
     ) -> EngineSSEResponse:
         first_byte_timeout_s = self._timeouts.first_token_timeout_s
         if handoff is not None and self._leases.kv_lease_guard:
@@ -368,7 +375,7 @@ class Orchestrator:
             lease_left_s = self._leases.kv_lease_s - (self._clock() - handoff.issued_at_s)
             first_byte_timeout_s = max(0.0, min(first_byte_timeout_s, lease_left_s))
         connection, first = await self._engines.open_stream(
-            worker.engine_url + request.path,
+            seat.worker.engine_url + request.path,
             body,
             first_byte_timeout_s=first_byte_timeout_s,
             idle_timeout_s=self._timeouts.stream_idle_timeout_s,
@@ -377,17 +384,97 @@ class Orchestrator:
         model, metrics = request.model, self._metrics
 
         def on_end(stats: StreamStats) -> None:
-            ticket.end()
+            seat.ticket.end()
             self._streamed(request, mode, stats)
-            if stats.failure:
-                self._worker_failed(worker, "stream_broken")
+            if stats.failure and not seat.failed:
+                self._worker_failed(seat.worker, "stream_broken")
 
         relay = SSERelay(
             StreamStats(started_s=request.arrived_s), clock=self._clock,
             on_gap=metrics.itl_observer(model, request.stage), strip_usage=strip_usage,
+            edit=None if transcript is None else transcript.edit,
         )  # fmt: skip
         headers = {**SSE_HEADERS, **_admission_headers(request)}
-        return EngineSSEResponse(connection, first, relay, on_end=on_end, headers=headers)
+        return EngineSSEResponse(
+            connection, first, relay, on_end=on_end, headers=headers, resume=resume
+        )
+
+    def _transcript(self, request: PreparedRequest) -> Transcript | None:
+        """A record to continue the stream from, when it can be continued exactly."""
+        if not request.stream or not self._timeouts.stream_migration_attempts:
+            return None
+        mode = resume_mode(request)
+        if mode is None:
+            return None
+        wants_ids = request.body.get("return_token_ids") is True
+        return Transcript(request, mode, client_wants_ids=wants_ids)
+
+    async def _migrate(
+        self,
+        request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
+        transcript: Transcript,
+        seat: _Seat,
+        error: BaseException | None,
+    ) -> tuple[EngineConnection, bytes] | None:
+        """The stream's engine failed mid-answer: another worker's stream that goes on
+        with it (see ``migration.py``), or None and the client gets the error event."""
+        seat.ticket.end()
+        if isinstance(error, APIError):  # the router's verdict on a continuation, not a worker's
+            return None
+        self._worker_failed(seat.worker, "stream_broken")
+        seat.failed = True
+        continuation = transcript.continuation()
+        outcome, opened = "not_continuable", None
+        if continuation is not None:
+            opened = await self._continue_elsewhere(request, pools, blocks, continuation, seat)
+            outcome = "no_worker" if opened is None else "migrated"
+        self._metrics.stream_migrations.labels(request.model, outcome).inc()
+        return opened
+
+    async def _continue_elsewhere(
+        self,
+        request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
+        continuation: Continuation,
+        seat: _Seat,
+    ) -> tuple[EngineConnection, bytes] | None:
+        body = json.dumps(continuation.body).encode()
+        output_tokens = continuation.body["max_tokens"]
+        tried = [seat.worker.worker_id]
+        # Another decode worker computes the longer prompt itself; then any other worker.
+        candidates = ((WorkerRole.DECODE, pools.decode), (WorkerRole.COLOCATED, pools.colocated),
+                      (WorkerRole.PREFILL, pools.prefill))  # fmt: skip
+        for role, pool in candidates:
+            while len(tried) <= self._timeouts.stream_migration_attempts:
+                decision = self._pick(request, role, pool, blocks, tried)
+                if decision is None:
+                    break
+                worker = decision.worker
+                tried.append(worker.worker_id)
+                own = decision.uncached_tokens
+                ticket = self._load.begin(worker.worker_id, own, kv_tokens=own + output_tokens)
+                try:
+                    opened = await self._engines.open_stream(
+                        worker.engine_url + request.path, body,
+                        first_byte_timeout_s=self._timeouts.first_token_timeout_s,
+                        idle_timeout_s=self._timeouts.stream_idle_timeout_s,
+                    )  # fmt: skip
+                except _ATTEMPT_FAILURES as failure:
+                    ticket.end()
+                    if isinstance(failure, EngineHTTPError) and failure.status < 500:
+                        log.warning("%s refused a continuation: %s", worker.worker_id, failure)
+                        return None
+                    self._triage(worker, failure)
+                    continue
+                log.info("a %s stream moved from %s to %s after %d tokens", request.model,
+                         seat.worker.worker_id, worker.worker_id,
+                         continuation.tokens_before)  # fmt: skip
+                seat.worker, seat.ticket, seat.failed = worker, ticket, False
+                return opened
+        return None
 
     def _streamed(self, request: PreparedRequest, mode: str, stats: StreamStats) -> None:
         """A stream ended: its latencies, and its tokens when the engine reported usage."""
@@ -414,6 +501,29 @@ class Orchestrator:
     def _worker_failed(self, worker: WorkerState, kind: str) -> None:
         self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
         self._registry.mark_unhealthy(worker.worker_id)
+
+
+@dataclass
+class _Seat:
+    """Where a stream is served now: a migration moves it (and its load) elsewhere."""
+
+    worker: WorkerState
+    ticket: Ticket
+    failed: bool = False  # the worker was already counted as failed by the migration
+
+
+def _engine_payload(
+    request: PreparedRequest, handoff: KVHandoff | None, transcript: Transcript | None
+) -> tuple[bytes, bool]:
+    """What the answering engine gets, and whether the client asked for usage."""
+    body, client_wants_usage = request.body, True
+    if request.stream:  # the token counters need usage; the client gets it only if asked
+        body, client_wants_usage = with_usage_requested(body)
+    if transcript is not None:
+        body = Transcript.engine_body(body)
+    if handoff is not None:
+        body = {**body, "kv_transfer_params": handoff.to_decode_params()}
+    return json.dumps(body).encode(), client_wants_usage
 
 
 def _handoff_in(payload: bytes, *, issued_at_s: float, networks: WorkerNetworks) -> KVHandoff:

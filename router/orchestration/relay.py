@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from router.errors import APIError, UpstreamFailed, UpstreamTimeout, sse_error_event
@@ -44,7 +44,7 @@ class StreamStats:
 class SSERelay:
     """Whole events out of an engine's bytes, and the stream's account of them."""
 
-    __slots__ = ("_clock", "_last_s", "_on_gap", "_pending", "_strip_usage", "stats")
+    __slots__ = ("_clock", "_edit", "_last_s", "_on_gap", "_pending", "_strip_usage", "stats")
 
     def __init__(
         self,
@@ -53,14 +53,22 @@ class SSERelay:
         on_gap: Callable[[float], None],
         clock: Callable[[], float] = time.monotonic,
         strip_usage: bool = False,
+        edit: Callable[[bytes], bytes] | None = None,
     ) -> None:
-        """``strip_usage``: the usage chunk was asked for by the router, not the client."""
+        """``strip_usage``: the usage chunk was asked for by the router, not the client.
+        ``edit``: what the client gets of each run of whole events (a migration's
+        ``Transcript``); it may raise to fail the stream."""
         self.stats = stats
         self._on_gap = on_gap
         self._clock = clock
         self._strip_usage = strip_usage
+        self._edit = edit
         self._pending = b""
         self._last_s = clock()
+
+    def switched_engine(self) -> None:
+        """The stream goes on from another engine: the failed one's partial event is dropped."""
+        self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events ``chunk`` completes (``b""`` if none), ready to forward."""
@@ -73,6 +81,10 @@ class SSERelay:
             ready, self._pending = pending, b""
         else:
             ready, self._pending = pending[: cut + 2], pending[cut + 2 :]
+        if self._edit is not None:
+            ready = self._edit(ready)
+            if not ready:
+                return b""
         stats, now = self.stats, self._clock()
         if stats.first_byte_s is None:
             stats.first_byte_s = now
@@ -93,6 +105,9 @@ class SSERelay:
         if error is None:
             self.stats.failure = "decode engine closed the stream before [DONE]"
             answer = UpstreamFailed(self.stats.failure, code="stream_truncated")
+        elif isinstance(error, APIError):  # the router's own verdict, e.g. a migration's
+            self.stats.failure = error.message
+            answer = error
         elif isinstance(error, StreamIdle):
             self.stats.failure = "decode engine went silent mid-stream"
             answer = UpstreamTimeout(self.stats.failure, code="stream_idle_timeout")
@@ -102,26 +117,45 @@ class SSERelay:
         return sse_error_event(answer)
 
 
+# Called when a stream's engine fails mid-answer (None: it closed before [DONE]): the
+# connection and first bytes of another engine that goes on with it, or None.
+Resume = Callable[[BaseException | None], Awaitable["tuple[EngineConnection, bytes] | None"]]
+
+
+async def no_resume(error: BaseException | None) -> None:
+    return None
+
+
 async def relay_sse(
     connection: EngineConnection,
     first_chunk: bytes,
     relay: SSERelay,
     *,
     on_end: Callable[[StreamStats], None],
+    resume: Resume = no_resume,
 ) -> AsyncIterator[bytes]:
     """The relay's events as an async iterator, read from the connection."""
     chunk = first_chunk
     try:
-        while chunk:
-            ready = relay.feed(chunk)
-            if ready:
-                yield ready
-                if relay.stats.completed:
-                    return
-            chunk = await connection.read()
-        yield relay.failed(None)
-    except Exception as error:  # the connection's failures: StreamIdle, StreamBroken
-        yield relay.failed(error)
+        while True:
+            error: BaseException | None = None
+            try:
+                while chunk:
+                    ready = relay.feed(chunk)
+                    if ready:
+                        yield ready
+                        if relay.stats.completed:
+                            return
+                    chunk = await connection.read()
+            except Exception as failure:  # StreamIdle, StreamBroken, a diverged continuation
+                error = failure
+            connection.abort()
+            resumed = await resume(error)
+            if resumed is None:
+                yield relay.failed(error)
+                return
+            relay.switched_engine()
+            connection, chunk = resumed
     finally:
         if relay.stats.completed:
             connection.finish()

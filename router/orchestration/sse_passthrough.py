@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 
 from contracts.asgi import ASGIApp, Receive, Scope, Send
 from router.orchestration.engine_client import EngineConnection
-from router.orchestration.relay import SSERelay, StreamStats, relay_sse
+from router.orchestration.relay import Resume, SSERelay, StreamStats, no_resume, relay_sse
 
 _CLIENT_SOCKET = "pdserve.client_socket"  # the scope key ClientSockets sets
 _UVICORN_CYCLE = ("uvicorn.protocols.http.httptools_impl", "RequestResponseCycle")
@@ -60,11 +60,12 @@ class EngineSSEResponse(StreamingResponse):
         *,
         on_end: Callable[[StreamStats], None],
         headers: dict[str, str],
+        resume: Resume = no_resume,
     ) -> None:
         self._connection, self._first_chunk, self._relay = connection, first_chunk, relay
-        self._on_end = on_end
+        self._on_end, self._resume = on_end, resume
         self.passed_through = False  # whether events went straight to the socket
-        self._events = relay_sse(connection, first_chunk, relay, on_end=on_end)
+        self._events = relay_sse(connection, first_chunk, relay, on_end=on_end, resume=resume)
         super().__init__(self._events, media_type="text/event-stream", headers=headers)
 
     @property
@@ -92,7 +93,7 @@ class EngineSSEResponse(StreamingResponse):
         self.passed_through = True
         try:
             tail = await _pass_through(cycle, receive, self._connection, self._first_chunk,
-                                       self._relay)  # fmt: skip
+                                       self._relay, self._resume)  # fmt: skip
         finally:
             self._on_end(self._relay.stats)
         if tail is not None:
@@ -125,7 +126,11 @@ class _Passage:
         if self._cycle.disconnected:
             self.settle(_CLIENT_GONE)
             return False
-        ready = relay.feed(chunk)
+        try:
+            ready = relay.feed(chunk)
+        except Exception as error:  # the relay's edit refused the events
+            self.settle(error)
+            return False
         if ready:
             self._transport.write(b"%x\r\n%b\r\n" % (len(ready), ready))
             if relay.stats.completed:
@@ -150,32 +155,54 @@ class _Passage:
 
 
 async def _pass_through(
-    cycle: Any, receive: Receive, connection: EngineConnection, first: bytes, relay: SSERelay
+    cycle: Any,
+    receive: Receive,
+    connection: EngineConnection,
+    first: bytes,
+    relay: SSERelay,
+    resume: Resume,
 ) -> bytes | None:
-    """Relay until ``[DONE]``, a failure or the client leaving; the last body to send
-    through ASGI (``None``: the client is gone). The connection is finished or closed."""
-    passage = _Passage(cycle, connection, relay)
+    """Relay until ``[DONE]``, a failure or the client leaving, going on from another
+    engine when ``resume`` offers one; the last body to send through ASGI (``None``: the
+    client is gone). Every connection used is finished or closed."""
+    passages: list[_Passage] = []
     watcher = asyncio.ensure_future(_until_disconnected(receive))
-    watcher.add_done_callback(lambda _: passage.settle(_CLIENT_GONE))
+    watcher.add_done_callback(lambda _: passages[-1].settle(_CLIENT_GONE) if passages else None)
+    try:
+        while True:
+            passage = _Passage(cycle, connection, relay)
+            passages.append(passage)
+            if watcher.done():
+                passage.settle(_CLIENT_GONE)
+            result = await _passage_outcome(passage, connection, first)
+            if result is None:
+                connection.finish()
+                return b""
+            connection.abort()
+            if result is _CLIENT_GONE:
+                return None
+            error = None if result is _ENDED_EARLY else result
+            resumed = await resume(error)  # type: ignore[arg-type]
+            if resumed is None:
+                return relay.failed(error)  # type: ignore[arg-type]
+            relay.switched_engine()
+            connection, first = resumed
+    finally:
+        watcher.cancel()
+
+
+async def _passage_outcome(passage: _Passage, connection: EngineConnection, first: bytes) -> object:
     try:
         keep_reading = passage.sink(first)
         connection.push_to(passage.sink, passage.ended)
         if not keep_reading:
             connection.pause()
-        result = await passage.outcome
+        return await passage.outcome
     except BaseException:
         connection.abort()
         raise
     finally:
-        watcher.cancel()
         passage.stop_draining()
-    if result is None:
-        connection.finish()
-        return b""
-    connection.abort()
-    if result is _CLIENT_GONE:
-        return None
-    return relay.failed(None if result is _ENDED_EARLY else result)  # type: ignore[arg-type]
 
 
 async def _until_disconnected(receive: Receive) -> None:

@@ -132,16 +132,9 @@ def test_a_crashed_decode_ends_the_stream_with_an_error_then_the_cluster_heals(s
         for _ in stream:
             chunks += 1
             if chunks == 3:
-                # The decode serving this stream is the one with a running request.
-                busy = [
-                    w
-                    for w in sim_cluster.workers
-                    if w.role == "decode"
-                    and total(scrape(w.engine_url + "/metrics"), "vllm:num_requests_running") > 0
-                ]
-                os.kill(before[busy[0].name]["engine_pid"], signal.SIGKILL)  # fmt: skip
+                killed = serving_decode(sim_cluster)
+                os.kill(before[killed]["engine_pid"], signal.SIGKILL)
     assert chunks >= 3
-    killed = busy[0].name
     wait_for(
         lambda: (w := sim_cluster.worker_status().get(killed)) is not None
         and w["eligible"] and w["incarnation"] > before[killed]["incarnation"],
@@ -312,3 +305,54 @@ def test_the_router_and_every_worker_listen_on_loopback_only(sim_cluster):
     assert sim_cluster.plan.port in ports  # the router's own socket was seen
     assert {w.engine_port for w in sim_cluster.workers} <= ports
     assert beyond_loopback(found) == []
+
+
+def serving_decode(cluster) -> str:
+    """The decode worker with a running request (the test's own stream)."""
+    decodes = [w for w in cluster.workers if w.role == "decode"]
+    running = "vllm:num_requests_running"
+    busy = [w.name for w in decodes if total(scrape(w.engine_url + "/metrics"), running) > 0]
+    assert len(busy) == 1, busy
+    return busy[0]
+
+
+def migrations(cluster, outcome: str) -> float:
+    return total(scrape(cluster.router_url + "/metrics"), "pdserve_stream_migrations_total",
+                 outcome=outcome)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"temperature": 0, "return_token_ids": True},
+     {"temperature": 0.8, "seed": 7}],
+    ids=["greedy", "greedy with token ids", "seeded"],
+)  # fmt: skip
+def test_a_stream_whose_decode_dies_mid_answer_goes_on_elsewhere_with_nothing_lost(
+    sim_cluster, sampling
+):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "stream": True,
+            "stream_options": {"include_usage": True}, **sampling}  # fmt: skip
+    reference = generate(sim_cluster.router_url, "/v1/completions", body)
+    assert reference.done and reference.usage["completion_tokens"] == 200
+    before, migrated_before = sim_cluster.worker_status(), migrations(sim_cluster, "migrated")
+    killed: list[str] = []
+
+    def kill_the_decode_at_chunk_50(so_far) -> None:
+        if so_far.chunks == 50:
+            killed.append(serving_decode(sim_cluster))
+            os.kill(before[killed[0]]["engine_pid"], signal.SIGKILL)
+
+    moved = generate(sim_cluster.router_url, "/v1/completions", body,
+                     on_chunk=kill_the_decode_at_chunk_50)  # fmt: skip
+    assert killed, "the stream ended before its decode could be killed"
+    assert moved.status == 200 and moved.done and not moved.error_events
+    assert moved.text == reference.text
+    assert moved.token_ids == reference.token_ids  # empty unless the client asked for them
+    assert moved.usage == reference.usage
+    assert len(moved.response_ids) == 1 and moved.response_ids != reference.response_ids
+    assert migrations(sim_cluster, "migrated") - migrated_before == 1
+    wait_for(
+        lambda: (w := sim_cluster.worker_status().get(killed[0])) is not None
+        and w["eligible"] and w["incarnation"] > before[killed[0]]["incarnation"],
+        60, "the agent to restart its sim",
+    )  # fmt: skip

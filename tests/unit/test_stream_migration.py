@@ -1,0 +1,83 @@
+"""A stream's transcript: what the client sees of it, and where a continuation starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.orchestration.migration import ContinuationDiverged, Resume, Transcript, resume_mode
+from router.prepare.prepare import Endpoint, PreparedRequest
+
+
+def request(
+    stream: bool = True, endpoint: Endpoint = Endpoint.COMPLETIONS, **body
+) -> PreparedRequest:
+    body = {"model": "m", "prompt": "hi", "max_tokens": 10, "stream": stream, **body}
+    return PreparedRequest(endpoint=endpoint, body=body, model="m", stream=stream,
+                           arrived_s=0.0, requested_model="m", max_output_tokens=10)  # fmt: skip
+
+
+def event(text: str, ids: list[int], prompt_ids: list[int] | None = None, **extra) -> bytes:
+    """A vLLM completion chunk, compact as vLLM writes it."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None,
+              "stop_reason": None, "prompt_token_ids": prompt_ids, "token_ids": ids}  # fmt: skip
+    chunk = {"id": "cmpl-first", "object": "text_completion", "created": 1, "model": "m",
+             "choices": [choice], **extra}  # fmt: skip
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "mode"),
+    [({"temperature": 0}, Resume.CONTINUE), ({"temperature": 0.7, "seed": 3}, Resume.REPLAY),
+     ({"temperature": 0.7}, None), ({}, None), ({"temperature": 0, "n": 2}, None),
+     ({"temperature": 0, "logprobs": 2}, None), ({"temperature": 0, "stop": ["\n"]}, None),
+     ({"temperature": 0, "prompt": ["a", "b"]}, None)],
+)  # fmt: skip
+def test_only_requests_whose_answer_is_fixed_are_continued(body, mode):
+    assert resume_mode(request(**body)) is mode
+    assert resume_mode(request(stream=False, **body)) is None
+    assert resume_mode(request(endpoint=Endpoint.CHAT, **body)) is None
+
+
+def test_the_client_sees_vllms_bytes_without_the_token_ids_the_router_asked_for():
+    transcript = Transcript(request(temperature=0), Resume.CONTINUE, client_wants_ids=False)
+    sent = transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + b"data: [DONE]\n\n")
+    assert sent == event("Hel", None, prompt_ids=None) + b"data: [DONE]\n\n"  # type: ignore[arg-type]
+
+
+def test_a_greedy_stream_continues_from_its_tokens_and_regenerates_the_last_event():
+    transcript = Transcript(request(temperature=0), Resume.CONTINUE, client_wants_ids=False)
+    transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + event("lo", [7]))
+    continuation = transcript.continuation()
+    assert continuation is not None
+    assert continuation.body["prompt"] == [1, 2, 5, 6]
+    assert continuation.body["max_tokens"] == 8
+    assert continuation.skip_text == "lo" and continuation.tokens_before == 2
+    assert transcript.continuation() is None, "one continuation per stream"
+    # The continuation's events: the text already sent is dropped, the id is the first's.
+    again = event("lo", [7], prompt_ids=[1, 2, 5, 6], id="cmpl-second")
+    assert transcript.edit(again) == b""
+    more = transcript.edit(event("!", [9], id="cmpl-second"))
+    assert json.loads(more[6:])["id"] == "cmpl-first"
+    assert json.loads(more[6:])["choices"][0]["text"] == "!"
+    usage = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    chunk = {"id": "cmpl-second", "choices": [], "usage": usage}
+    counted = transcript.edit(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    assert json.loads(counted[6:])["usage"] == {"prompt_tokens": 2, "completion_tokens": 4,
+                                                "total_tokens": 6}  # fmt: skip
+
+
+def test_a_seeded_stream_is_replayed_and_a_different_text_is_refused():
+    transcript = Transcript(request(temperature=0.7, seed=3), Resume.REPLAY, client_wants_ids=False)
+    transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + event("lo", [7]))
+    continuation = transcript.continuation()
+    assert continuation.body["prompt"] == [1, 2] and continuation.skip_text == "Hello"
+    with pytest.raises(ContinuationDiverged):
+        transcript.edit(event("Help", [5, 6, 8]))
+
+
+def test_without_token_ids_from_the_engine_there_is_nothing_to_continue_from():
+    transcript = Transcript(request(temperature=0), Resume.CONTINUE, client_wants_ids=False)
+    transcript.edit(event("Hel", None))  # type: ignore[arg-type]
+    assert transcript.continuation() is None
