@@ -6,14 +6,12 @@ import os
 import signal
 
 import httpx
-import openai
-import pytest
 
 from loadgen.prometheus_text import scrape, scrape_or_none, total
 from localrun.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for
-from tests.generation import generate
+from tests.generation import Generation, generate
 
 LONG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 
@@ -78,27 +76,17 @@ def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_u
     assert 0 < generated < LONG_STREAM["max_tokens"] / 2
 
 
-def test_decode_killed_mid_stream_ends_in_an_error_event_then_recovers(cluster, router_url):
-    client = openai.OpenAI(base_url=router_url + "/v1", api_key="unused", max_retries=0)
+def kill_the_decode_and_wait_for_its_restart(cluster, router_url: str, body: dict) -> Generation:
+    """Stream ``body``, SIGKILL the decode engine at the 50th chunk; what the client got,
+    once the agent has restarted vLLM (a new incarnation) and the router serves again."""
     decode = cluster.worker_status()["decode-0"]
-    stream = client.completions.create(
-        model=MODEL,
-        prompt="tell me everything",
-        max_tokens=3000,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    received = []
-    with pytest.raises(openai.APIError) as caught:
-        for chunk in stream:
-            received.append(chunk.choices[0].text)
-            if len(received) == 5:
-                os.kill(decode["engine_pid"], signal.SIGKILL)
-    assert len(received) >= 5, "the stream must have started before the kill"
-    assert "mid-stream" in str(caught.value) or "before [DONE]" in str(caught.value)
 
-    # The agent restarts vLLM (a new incarnation) and the router serves again.
+    def kill_at_chunk_50(so_far: Generation) -> None:
+        if so_far.chunks == 50:
+            os.kill(decode["engine_pid"], signal.SIGKILL)
+
+    result = generate(router_url, "/v1/completions", body, on_chunk=kill_at_chunk_50)
+    assert result.chunks >= 50, "the stream must have started before the kill"
     wait_for(
         lambda: (
             (w := cluster.worker_status().get("decode-0")) is not None
@@ -108,7 +96,40 @@ def test_decode_killed_mid_stream_ends_in_an_error_event_then_recovers(cluster, 
         300,
         "the decode agent to restart its engine",
     )
-    result = generate(router_url, "/v1/chat/completions", {
+    again = generate(router_url, "/v1/chat/completions", {
         "model": MODEL, "messages": [{"role": "user", "content": "again"}], "max_tokens": 4,
     })  # fmt: skip
-    assert result.status == 200 and result.text
+    assert again.status == 200 and again.text
+    return result
+
+
+def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
+    cluster, router_url
+):
+    body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 200,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    uninterrupted = generate(router_url, "/v1/completions", body)
+    assert uninterrupted.done and uninterrupted.usage["completion_tokens"] == 200
+    migrated_before = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",
+                            outcome="migrated")  # fmt: skip
+    moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body)
+    assert moved.status == 200 and moved.done and not moved.error_events, moved.error_events
+    assert moved.text == uninterrupted.text
+    assert moved.usage == uninterrupted.usage
+    assert len(moved.response_ids) == 1
+    migrated = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",
+                     outcome="migrated")  # fmt: skip
+    assert migrated - migrated_before == 1
+
+
+def test_an_unseeded_sampled_stream_whose_decode_dies_ends_in_an_error_event(cluster, router_url):
+    """Its continuation could not be the text it would have been: no migration."""
+    body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 3000,
+            "temperature": 0.8, "ignore_eos": True, "stream": True}  # fmt: skip
+    result = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body)
+    assert result.status == 200 and not result.done
+    assert [e["error"]["code"] for e in result.error_events] in (
+        ["stream_broken"],
+        ["stream_truncated"],
+    )
