@@ -243,11 +243,18 @@ class HealthSettings(_Group):
     max_workers: int = Field(
         1024, ge=1, description="Registry capacity; registrations beyond it get 429."
     )
+    serve_degraded: bool = Field(
+        True,
+        description="A P/D model with no ready prefill worker is served by its decode workers "
+        "alone (they compute the prompt), and one with no ready decode worker by its prefill "
+        "workers alone, as colocated ones; off: 503 until both pools are back.",
+    )
 
-    def registry_arguments(self) -> dict[str, float | int]:
+    def registry_arguments(self) -> dict[str, float | int | bool]:
         """``WorkerRegistry``'s bounds, from these knobs."""
         return {"heartbeat_timeout_s": self.heartbeat_timeout_s,
-                "forget_after_s": self.forget_after_s, "max_workers": self.max_workers}  # fmt: skip
+                "forget_after_s": self.forget_after_s, "max_workers": self.max_workers,
+                "serve_degraded": self.serve_degraded}  # fmt: skip
 
 
 class RoutingSettings(_Group):

@@ -53,6 +53,27 @@ class Pools:
     prefill: list[WorkerState]
     decode: list[WorkerState]
     colocated: list[WorkerState]
+    # Set when a P/D model lost one pool and the other serves whole requests (in
+    # ``colocated``): the role of the pool that was left.
+    degraded: WorkerRole | None = None
+
+    @staticmethod
+    def of(
+        prefill: list[WorkerState],
+        decode: list[WorkerState],
+        colocated: list[WorkerState],
+        *,
+        serve_degraded: bool,
+    ) -> Pools:
+        """A model's pools. With no ready prefill worker the decode workers compute the
+        prompt themselves, and with no ready decode worker the prefill workers decode
+        (vLLM's P/D engines answer a request without kv_transfer_params as plain ones):
+        the pool left is then served as a colocated one, unless ``serve_degraded`` is off
+        or a colocated worker serves the model."""
+        if serve_degraded and not colocated and bool(prefill) != bool(decode):
+            left = WorkerRole.DECODE if decode else WorkerRole.PREFILL
+            return Pools([], [], decode or prefill, degraded=left)
+        return Pools(prefill, decode, colocated)
 
     @property
     def disaggregated(self) -> bool:
@@ -66,8 +87,14 @@ class Pools:
 
 class WorkerRegistry:
     def __init__(
-        self, *, heartbeat_timeout_s: float, forget_after_s: float, max_workers: int
+        self,
+        *,
+        heartbeat_timeout_s: float,
+        forget_after_s: float,
+        max_workers: int,
+        serve_degraded: bool = True,
     ) -> None:
+        self._serve_degraded = serve_degraded
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._forget_after_s = forget_after_s
         self._max_workers = max_workers
@@ -178,9 +205,10 @@ class WorkerRegistry:
         ]
 
     def pools(self, model: str, now_s: float, version: str | frozenset[str] | None = None) -> Pools:
-        return Pools(
+        return Pools.of(
             *(self.eligible(model, role, now_s, version) for role in
-              (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED))
+              (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED)),
+            serve_degraded=self._serve_degraded,
         )  # fmt: skip
 
     def models(self) -> list[str]:
@@ -193,6 +221,8 @@ class WorkerRegistry:
         worker, or a ready colocated one (what ``/v1/models`` lists)."""
         ready = {(w.registration.model, w.role) for w in self._workers.values()
                  if self.is_eligible(w, now_s)}  # fmt: skip
+        if self._serve_degraded:  # any ready worker serves its model
+            return sorted({model for model, _ in ready})
         return sorted(
             model for model in {model for model, _ in ready}
             if (model, WorkerRole.COLOCATED) in ready

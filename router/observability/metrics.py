@@ -427,6 +427,12 @@ class RouterMetrics:
             "worker), not_continuable (its sampling cannot be continued exactly), no_worker",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
+        self.degraded_requests = Counter(
+            "pdserve_degraded_requests",
+            "Requests of a P/D model served whole by the one pool left (serve_degraded), "
+            "by that pool: decode (no ready prefill worker) or prefill (no ready decode)",
+            ["model", "pool"], registry=r,
+        )  # fmt: skip
         self.routed_requests = Counter(
             "pdserve_routed_requests", "Requests sent to each worker (retries included)",
             ["worker", "role"], registry=r,

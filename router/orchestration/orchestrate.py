@@ -56,6 +56,7 @@ log = logging.getLogger("pdserve.router")
 PREDICTED_TTFT_HEADER = "x-pdserve-predicted-ttft-ms"
 
 _ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
+_MAX_MODELS_NOTED = 1024  # models whose degraded state is remembered for its log lines
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +95,7 @@ class Orchestrator:
         self._load = load
         self._predictor = predictor
         self._clock = clock
+        self._degraded: dict[str, WorkerRole | None] = {}  # by model: the pool left alone
 
     def __repr__(self) -> str:
         return f"Orchestrator(scheduler={self._scheduler!r})"
@@ -126,8 +128,10 @@ class Orchestrator:
             finally:
                 reservation.end()  # the answer's own ticket holds it from its start
         if pools.colocated:
+            self._note_degraded(request.model, pools.degraded)
+            mode = "colocated" if pools.degraded is None else f"{pools.degraded.value}_only"
             return await self._decode_phase(
-                request, pools, pools.colocated, blocks, mode="colocated", prefilled=prefilled
+                request, pools, pools.colocated, blocks, mode=mode, prefilled=prefilled
             )
         missing = "prefill" if pools.decode else "decode" if pools.prefill else "any"
         raise NoCapacity(
@@ -135,6 +139,22 @@ class Orchestrator:
             code="no_ready_worker",
             retry_after_s=self._retry_after_s,
         )
+
+    def _note_degraded(self, model: str, left: WorkerRole | None) -> None:
+        """Count a request served by one P/D pool alone; log when a model starts or stops
+        being served so."""
+        if left is not None:
+            self._metrics.degraded_requests.labels(model, left.value).inc()
+        if self._degraded.get(model) == left:
+            return
+        if left is not None:
+            lost = "decode" if left is WorkerRole.PREFILL else "prefill"
+            log.warning("%s has no ready %s worker: its %s workers serve whole requests",
+                        model, lost, left.value)  # fmt: skip
+        elif model in self._degraded:
+            log.info("%s is served disaggregated again", model)
+        if len(self._degraded) < _MAX_MODELS_NOTED or model in self._degraded:
+            self._degraded[model] = left
 
     def _reserve_kv(self, request: PreparedRequest, decode: Decision | None) -> Ticket:
         if decode is None:

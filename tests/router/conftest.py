@@ -71,13 +71,23 @@ def running_router(**settings: str) -> Iterator[RouterProcess]:
         process.wait(timeout=15)
 
 
+TEST_ROUTER = {
+    "PDSERVE_ADMIN_TOKEN": ADMIN_TOKEN,
+    "PDSERVE_AGENT_SECRET": AGENT_SECRET,
+    "PDSERVE_MAX_BODY_BYTES": "65536",
+    # The router's own probe would take dead test workers out of rotation mid-test.
+    "PDSERVE_HEALTH_INTERVAL_S": "3600",
+}
+
+
 @pytest.fixture(scope="session")
 def router() -> Iterator[RouterProcess]:
-    with running_router(
-        PDSERVE_ADMIN_TOKEN=ADMIN_TOKEN,
-        PDSERVE_AGENT_SECRET=AGENT_SECRET,
-        PDSERVE_MAX_BODY_BYTES="65536",
-        # The router's own probe would take dead test workers out of rotation mid-test.
-        PDSERVE_HEALTH_INTERVAL_S="3600",
-    ) as process:
+    with running_router(**TEST_ROUTER) as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
+def strict_router() -> Iterator[RouterProcess]:
+    """``serve_degraded`` off: a P/D model is served only while both its pools are ready."""
+    with running_router(**TEST_ROUTER, PDSERVE_SERVE_DEGRADED="false") as process:
         yield process

@@ -72,15 +72,16 @@ def listed(router) -> set[str]:
     return {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=10).json()["data"]}
 
 
-def test_a_pool_without_decode_is_503_with_retry_after(router):
-    router.register("p-only", "prefill", "half-model", dead_url())
-    response = post(router, "/v1/chat/completions", json={**CHAT, "model": "half-model"})
+def test_a_pool_without_decode_is_503_with_retry_after_without_serve_degraded(strict_router):
+    strict_router.register("p-only", "prefill", "half-model", dead_url())
+    response = post(strict_router, "/v1/chat/completions", json={**CHAT, "model": "half-model"})
     assert response.status_code == 503
     assert int(response.headers["Retry-After"]) >= 1
     assert "decode" in error_of(response)["message"]
 
 
-def test_a_worker_that_says_not_ready_gets_no_traffic(router):
+def test_a_worker_that_says_not_ready_gets_no_traffic(strict_router):
+    router = strict_router  # the prefill alone would serve (502, its engine being dead)
     router.register("p-busy", "prefill", "warming", dead_url())
     router.register("d-busy", "decode", "warming", dead_url())
     beat = {"worker_id": "d-busy", "ready": False}

@@ -21,13 +21,14 @@ def _not_ready(router, worker_id: str) -> None:
 
 @pytest.mark.parametrize(("present", "missing"), [("prefill", "decode"), ("decode", "prefill")])
 @pytest.mark.parametrize("stream", [False, True])
-def test_half_a_pool_is_unlisted_and_503_with_retry_after(
-    router, tiny_model, present, missing, stream
+def test_without_serve_degraded_half_a_pool_is_unlisted_and_503_with_retry_after(
+    strict_router, tiny_model, present, missing, stream
 ):
     """The window while one role is up and the other still loads (or probes). The worker
     registers as an agent does, tokenizer and block size included, so the prompt is
-    measured before the router finds no path."""
-    model = f"half-{present}-{stream}"
+    measured before the router finds no path. (By default the pool left serves whole
+    requests: tests/sim/test_sim_cluster.py.)"""
+    router, model = strict_router, f"half-{present}-{stream}"
     _register(router, f"{present}-{model}", present, model, tokenizer_path=str(tiny_model),
               block_size=128, max_model_len=4096)  # fmt: skip
     assert model not in listed(router)
@@ -41,7 +42,8 @@ def test_half_a_pool_is_unlisted_and_503_with_retry_after(
         assert missing in error["message"]
 
 
-def test_a_model_is_listed_while_a_path_is_ready(router):
+def test_a_model_is_listed_while_a_path_is_ready(strict_router):
+    router = strict_router
     _register(router, "p-path", "prefill", "pathed")
     assert "pathed" not in listed(router)
     _register(router, "d-path", "decode", "pathed")

@@ -356,3 +356,31 @@ def test_a_stream_whose_decode_dies_mid_answer_goes_on_elsewhere_with_nothing_lo
         and w["eligible"] and w["incarnation"] > before[killed[0]]["incarnation"],
         60, "the agent to restart its sim",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(("lost", "left"), [("prefill", "decode"), ("decode", "prefill")])
+def test_a_pd_model_that_lost_a_pool_is_served_whole_by_the_other(sim_cluster, lost, left):
+    url, body = sim_cluster.router_url, {"model": MODEL, "prompt": "degraded", "max_tokens": 8}
+    reference = generate(url, "/v1/completions", body)
+    gone = [w.name for w in sim_cluster.workers if w.role == lost]
+
+    def degraded() -> float:
+        families = scrape(url + "/metrics")
+        return total(families, "pdserve_degraded_requests_total", model=MODEL, pool=left)
+
+    before = degraded()
+    try:
+        for name in gone:
+            sim_cluster.admin("POST", f"/admin/v1/workers/{name}/drain")
+        served = generate(url, "/v1/completions", body)
+        streamed = generate(url, "/v1/completions", {**body, "stream": True})
+        listed = httpx.get(url + "/v1/models").json()["data"]
+    finally:
+        for name in gone:
+            sim_cluster.admin("POST", f"/admin/v1/workers/{name}/undrain")
+    assert served.status == 200 and served.text == reference.text
+    assert streamed.done and streamed.text == reference.text
+    assert degraded() - before == 2
+    assert MODEL in {m["id"] for m in listed}
+    assert generate(url, "/v1/completions", body).text == reference.text
+    assert degraded() - before == 2, "both pools back: disaggregated again"

@@ -4,8 +4,9 @@ from contracts.workers import WorkerHeartbeat, WorkerRegistration, WorkerRole
 from router.fleet.registry import RegistryFull, WorkerRegistry
 
 
-def registry(max_workers=8):
-    return WorkerRegistry(heartbeat_timeout_s=10, forget_after_s=60, max_workers=max_workers)
+def registry(max_workers=8, serve_degraded=True):
+    return WorkerRegistry(heartbeat_timeout_s=10, forget_after_s=60, max_workers=max_workers,
+                          serve_degraded=serve_degraded)  # fmt: skip
 
 
 def registration(worker_id="p0", role=WorkerRole.PREFILL, incarnation=1):
@@ -85,7 +86,7 @@ P, D, C = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED
 
 
 @pytest.mark.parametrize(
-    ("roles", "held", "servable"),
+    ("roles", "held", "whole_path"),
     [
         ([P], (), False),
         ([D], (), False),
@@ -96,14 +97,40 @@ P, D, C = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED
         ([P, D, C], ("w1",), True),  # the colocated one still serves
     ],
 )
-def test_a_model_is_servable_only_with_a_whole_path(roles, held, servable):
-    reg = registry()
+@pytest.mark.parametrize("serve_degraded", [False, True])
+def test_a_model_is_servable_with_a_whole_path_or_one_pool_left(
+    roles, held, whole_path, serve_degraded
+):
+    reg = registry(serve_degraded=serve_degraded)
     for index, role in enumerate(roles):
         reg.register(registration(f"w{index}", role), now_s=0)
     for worker_id in held:
         reg.hold(worker_id)
-    assert reg.servable_models(now_s=1) == (["m"] if servable else [])
+    # Degraded: any ready worker serves its model whole.
+    assert reg.servable_models(now_s=1) == (["m"] if whole_path or serve_degraded else [])
     assert reg.models() == ["m"]  # registered all the same: a 503 to retry, not a 404
+
+
+@pytest.mark.parametrize(("roles", "left"), [([P, P], P), ([D], D), ([P, D], None), ([D, C], None)])
+def test_the_pool_left_of_a_pd_model_is_served_as_a_colocated_one(roles, left):
+    reg = registry()
+    for index, role in enumerate(roles):
+        reg.register(registration(f"w{index}", role), now_s=0)
+    pools = reg.pools("m", now_s=1)
+    assert pools.degraded is left
+    if left is not None:
+        assert (pools.prefill, pools.decode) == ([], [])
+        assert {w.role for w in pools.colocated} == {left} and pools.first_hop == pools.colocated
+    strict = registry(serve_degraded=False)
+    for index, role in enumerate(roles):
+        strict.register(registration(f"w{index}", role), now_s=0)
+    assert (
+        strict.pools("m", now_s=1) == reg.pools("m", now_s=1)
+        if left is None
+        else (
+            strict.pools("m", now_s=1).degraded is None and not strict.pools("m", now_s=1).colocated
+        )
+    )
 
 
 def test_a_silent_path_is_not_servable():
