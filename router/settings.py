@@ -171,6 +171,13 @@ class UpstreamSettings(_Group):
         "(greedy or seeded completions, once per stream; 0: migration off, the stream ends "
         "with an SSE error event).",
     )
+    stream_migration_record_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        le=1 << 28,
+        description="What a migratable stream keeps of its output to go on from (about 12 "
+        "bytes a token); a stream past it can no longer migrate.",
+    )
     upstream_pool_size: int = Field(
         1024,
         ge=1,

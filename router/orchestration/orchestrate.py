@@ -427,7 +427,8 @@ class Orchestrator:
         if mode is None:
             return None
         wants_ids = request.body.get("return_token_ids") is True
-        return Transcript(request, mode, client_wants_ids=wants_ids)
+        max_bytes = self._timeouts.stream_migration_record_bytes
+        return Transcript(request, mode, client_wants_ids=wants_ids, max_bytes=max_bytes)
 
     async def _migrate(
         self,
