@@ -140,23 +140,12 @@ async def measure(cluster: LocalCluster, requests: int, warmup: int) -> list[Sam
     return samples
 
 
-async def warm_up(
-    session: aiohttp.ClientSession, router_url: str, models: tuple, timeout_s: float = 300
-) -> None:
-    """Until each path answers once: the first P/D request pays the NIXL handshake, which
-    on a loaded 2-core box can outlast the KV lease, and is not what is measured here."""
-    deadline = time.monotonic() + timeout_s
+async def warm_up(session: aiohttp.ClientSession, router_url: str, models: tuple) -> None:
+    """One request per path, not measured: the first P/D request pays the NIXL handshake.
+    No retry: a first request that fails is a failure users would see, and stops the run."""
     for model in models:
         body = {"model": model, "prompt": "warm up", "max_tokens": 2, "stream": True}
-        while True:
-            try:
-                await stream_timing(session, router_url + "/v1/completions", body)
-                break
-            except RuntimeError as error:
-                if time.monotonic() > deadline:
-                    raise
-                print(f"bench: warming up {model}: {error}", flush=True)
-                await asyncio.sleep(2)
+        await stream_timing(session, router_url + "/v1/completions", body)
 
 
 def percentile(values: list[float], q: float) -> float:

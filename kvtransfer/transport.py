@@ -56,6 +56,10 @@ class NixlTransport:
                 "kv_connector": "NixlConnector",
                 "kv_role": self.role,
                 "kv_buffer_device": self.buffer_device,
+                # A failed KV load (the first request's NIXL handshake timing out on a
+                # starved box, a producer gone) makes the decode compute the prompt
+                # itself instead of answering 500 (vLLM 0.32's default is "fail").
+                "kv_load_failure_policy": "recompute",
                 "kv_connector_extra_config": {"kv_lease_duration": self.kv_lease_s},
             },
             separators=(",", ":"),

@@ -14,7 +14,6 @@ publishes KV events.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ import pytest
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import tiny_llama
-from tests.generation import generate
 
 MODEL = tiny_llama.SERVED_NAME
 COLOCATED_MODEL = f"{MODEL}-colocated"
@@ -56,8 +54,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     local = LocalCluster(plan)
     try:
-        local.start()
-        _warm_up_disaggregation(local.router_url)
+        local.start()  # no warm-up: the tests' first P/D request is a user's first
         yield local
     finally:
         local.stop()
@@ -76,16 +73,6 @@ def colocated_engine_url(cluster: LocalCluster) -> str:
 @pytest.fixture(scope="session")
 def decode_engine_url(cluster: LocalCluster) -> str:
     return cluster.worker("decode-0").engine_url
-
-
-def _warm_up_disaggregation(router_url: str, timeout_s: float = 180) -> None:
-    """Until one P/D request succeeds. The first pays NIXL's handshake, which on a
-    starved 2-core box can fail (decode answers 500); the tests are about what follows."""
-    deadline = time.monotonic() + timeout_s
-    body = {"model": MODEL, "prompt": "warm up", "max_tokens": 2}
-    while generate(router_url, "/v1/completions", body).status != 200:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no P/D request succeeded within {timeout_s:.0f}s")
 
 
 @pytest.fixture(scope="session")

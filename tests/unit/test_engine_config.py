@@ -14,12 +14,13 @@ def transport(role="kv_producer", **kw):
     return NixlTransport(role=role, buffer_device="cpu", side_channel_port=5601, **kw)
 
 
-def test_kv_transfer_config_names_the_connector_role_and_lease():
+def test_kv_transfer_config_names_the_connector_role_lease_and_load_failure_policy():
     config = json.loads(transport(kv_lease_s=45).kv_transfer_config())
     assert config == {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_producer",
         "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"kv_lease_duration": 45},
     }
 
