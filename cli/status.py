@@ -78,6 +78,8 @@ def _models_table(models: list[ModelStatus]) -> Table:
         table.add_column(name, justify="left" if name in ("model", "pools") else "right")
     for m in models:
         pools = " ".join(f"{count}{role[0].upper()}" for role, count in m.workers_by_role.items())
+        if m.degraded:  # one P/D pool serves whole requests: say it where the P:D is read
+            pools += " alone"
         table.add_row(
             m.model, pools, f"{m.queue_waiting_requests} req / {m.queued_prefill_tokens} tok",
             _seconds(m.ttft_p50_s), _seconds(m.ttft_p99_s), f"{m.input_tokens_per_s:,.0f}",

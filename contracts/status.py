@@ -37,6 +37,8 @@ class ModelStatus(_Frozen):
     usd_per_million_output_tokens: float | None
     workers: list[WorkerStatus]
     route: str | None = None  # "prod v1 · canary v2 10% · shadow v3 5%"; None: no route
+    # A P/D model served by one pool alone (serve_degraded): "decode" or "prefill".
+    degraded: str | None = None
 
 
 class StatusSnapshot(_Frozen):

@@ -51,7 +51,13 @@ def _model_status(
         usd_per_million_output_tokens=prices.get((model, "all", "output")),
         workers=[_worker_status(parts, w, now) for w in workers],
         route=_route(parts, model),
+        degraded=_degraded(parts, model, now),
     )
+
+
+def _degraded(parts: RouterParts, model: str, now: float) -> str | None:
+    left = parts.registry.pools(model, now).degraded
+    return None if left is None else left.value
 
 
 def _route(parts: RouterParts, model: str) -> str | None:

@@ -375,6 +375,7 @@ def test_a_pd_model_that_lost_a_pool_is_served_whole_by_the_other(sim_cluster, l
         served = generate(url, "/v1/completions", body)
         streamed = generate(url, "/v1/completions", {**body, "stream": True})
         listed = httpx.get(url + "/v1/models").json()["data"]
+        status = sim_cluster.admin("GET", "/admin/v1/status")["models"]
     finally:
         for name in gone:
             sim_cluster.admin("POST", f"/admin/v1/workers/{name}/undrain")
@@ -382,5 +383,6 @@ def test_a_pd_model_that_lost_a_pool_is_served_whole_by_the_other(sim_cluster, l
     assert streamed.done and streamed.text == reference.text
     assert degraded() - before == 2
     assert MODEL in {m["id"] for m in listed}
+    assert {m["model"]: m["degraded"] for m in status}[MODEL] == left  # pdserve status says so
     assert generate(url, "/v1/completions", body).text == reference.text
     assert degraded() - before == 2, "both pools back: disaggregated again"

@@ -84,6 +84,21 @@ SNAPSHOT = StatusSnapshot(
             usd_per_million_output_tokens=None,
             workers=[worker("colocated-0", "colocated")],
         ),
+        ModelStatus(
+            model="half-pd",
+            workers_by_role={"decode": 1},
+            queue_waiting_requests=0,
+            queued_prefill_tokens=0,
+            ttft_p50_s=0.9,
+            ttft_p99_s=0.9,
+            ttft_samples=1,
+            input_tokens_per_s=10,
+            output_tokens_per_s=1,
+            usd_per_million_input_tokens=None,
+            usd_per_million_output_tokens=None,
+            workers=[worker("half-decode-0", "decode")],
+            degraded="decode",
+        ),
     ],
 )
 
