@@ -1,9 +1,10 @@
-"""Setting a sim's faults over its admin endpoint."""
+"""Faults on sim clusters: a sim's fault settings, and which worker to hit."""
 
 from __future__ import annotations
 
 import httpx
 
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster
 
 
@@ -13,3 +14,12 @@ def set_faults(cluster: LocalCluster, worker: str, **faults: object) -> httpx.Re
         json=faults,
         headers={"Authorization": f"Bearer {cluster.engine_token}"},
     )
+
+
+def serving_decode(cluster: LocalCluster) -> str:
+    """The one decode worker with a running request (the test's own stream)."""
+    decodes = [w for w in cluster.workers if w.role == "decode"]
+    running = "vllm:num_requests_running"
+    busy = [w.name for w in decodes if total(scrape(w.engine_url + "/metrics"), running) > 0]
+    assert len(busy) == 1, busy
+    return busy[0]

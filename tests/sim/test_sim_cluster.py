@@ -18,7 +18,7 @@ from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
 from tests.listeners import beyond_loopback, listeners
-from tests.sim.faults import set_faults
+from tests.sim.faults import serving_decode, set_faults
 
 CASES = [
     ("/v1/completions", {"prompt": "def fibonacci(n):"}),
@@ -305,15 +305,6 @@ def test_the_router_and_every_worker_listen_on_loopback_only(sim_cluster):
     assert sim_cluster.plan.port in ports  # the router's own socket was seen
     assert {w.engine_port for w in sim_cluster.workers} <= ports
     assert beyond_loopback(found) == []
-
-
-def serving_decode(cluster) -> str:
-    """The decode worker with a running request (the test's own stream)."""
-    decodes = [w for w in cluster.workers if w.role == "decode"]
-    running = "vllm:num_requests_running"
-    busy = [w.name for w in decodes if total(scrape(w.engine_url + "/metrics"), running) > 0]
-    assert len(busy) == 1, busy
-    return busy[0]
 
 
 def migrations(cluster, outcome: str) -> float:
