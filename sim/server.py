@@ -101,8 +101,15 @@ class SimServer:
         app.router.add_get(FAULTS_PATH, self.get_faults)
         app.router.add_post(FAULTS_PATH, self.set_faults)
         app.on_startup.append(self._start)
+        app.on_shutdown.append(self._abort_in_flight)
         app.on_cleanup.append(self._stop)
         return app
+
+    async def _abort_in_flight(self, _: web.Application) -> None:
+        """As vLLM 0.32 on SIGTERM (``--shutdown-timeout 0``): every request still running
+        ends at once with ``finish_reason: "abort"``, its stream then closed with [DONE]."""
+        for request in [*self.engine.waiting, *self.engine.running]:
+            self.engine.abort(request)
 
     async def _start(self, _: web.Application) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
@@ -421,7 +428,7 @@ async def _stream(
         if first or finished or len(held) >= interval:
             await send_held(finished)
             first, held = False, []
-    if held:  # the stream ended without its last token seen as such: nothing is dropped
+    if held or request.finish_reason == "abort":  # nothing dropped; vLLM says "abort"
         await send_held(True)
     if (body.get("stream_options") or {}).get("include_usage"):
         usage_chunk = _envelope(server, request, chat, [], chunk=True)

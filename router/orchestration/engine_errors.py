@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class EngineUnreachable(Exception):
     """Connect failure, reset or timeout before a complete answer."""
@@ -16,3 +18,11 @@ class EngineHTTPError(Exception):
         super().__init__(f"engine answered {status}")
         self.status = status
         self.body = body
+
+
+class EngineAborted(Exception):
+    """The engine ended the request with ``finish_reason: "abort"`` (vLLM does so for
+    every request in flight when it shuts down): the answer is cut short, never whole."""
+
+
+ABORTED = re.compile(rb'"finish_reason":\s*"abort"')

@@ -13,8 +13,10 @@ Failure rules (``_triage`` applies them to every attempt of either phase):
 - a worker that is unreachable is marked unhealthy at once;
 - a failed prefill (unreachable, 5xx, bad handoff) is retried on another prefill
   worker, up to ``prefill_retries``;
-- a decode that fails before its first byte is retried on another decode worker with
-  the same handoff; after the first byte the relay sends an SSE error;
+- a decode that fails before its first byte is retried on another decode worker: with
+  the same handoff if it was unreachable, else computing the prompt itself (the failed
+  one may have pulled the KV, which the producer then frees); after the first byte a
+  stream migrates (``migration.py``) or the relay sends an SSE error;
 - a handoff is never forwarded past its lease: before each decode attempt an expired
   one is re-prefilled (``_renewed``, at most ``kv_lease_reprefills`` times, counted),
   since the producer may have reused its blocks.
@@ -40,7 +42,12 @@ from router.fleet.registry import Pools, WorkerRegistry, WorkerState
 from router.fleet.worker_networks import WorkerNetworks
 from router.observability.metrics import RouterMetrics
 from router.orchestration.engine_client import EngineClient, EngineConnection
-from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.engine_errors import (
+    ABORTED,
+    EngineAborted,
+    EngineHTTPError,
+    EngineUnreachable,
+)
 from router.orchestration.migration import Continuation, Transcript, resume_mode
 from router.orchestration.relay import SSE_HEADERS, Resume, SSERelay, StreamStats, no_resume
 from router.orchestration.sse_passthrough import EngineSSEResponse
@@ -55,7 +62,7 @@ from router.settings import RouterSettings
 log = logging.getLogger("pdserve.router")
 PREDICTED_TTFT_HEADER = "x-pdserve-predicted-ttft-ms"
 
-_ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff)
+_ATTEMPT_FAILURES = (EngineUnreachable, EngineHTTPError, InvalidHandoff, EngineAborted)
 _MAX_MODELS_NOTED = 1024  # models whose degraded state is remembered for its log lines
 
 
@@ -252,6 +259,10 @@ class Orchestrator:
                                           prefilled)  # fmt: skip
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(decision.worker, error))
+                if not isinstance(error, EngineUnreachable):
+                    # It may have pulled the KV, and the producer then frees those blocks
+                    # for reuse: the next worker computes the prompt itself.
+                    handoff = None
         if failures:
             raise UpstreamFailed(
                 f"{role.value} failed before its first byte: " + "; ".join(failures),
@@ -348,6 +359,9 @@ class Orchestrator:
                 raise UpstreamRejected(error.status, error.body) from None
             self._metrics.upstream_failures.labels(worker.role.value, f"http_{error.status}").inc()
             return f"{worker.worker_id}: HTTP {error.status}"
+        if isinstance(error, EngineAborted):  # shutting down: leaves rotation as it drains
+            self._metrics.upstream_failures.labels(worker.role.value, "aborted").inc()
+            return f"{worker.worker_id}: the engine aborted the request"
         self._metrics.upstream_failures.labels(worker.role.value, "bad_handoff").inc()
         return f"{worker.worker_id}: {error}"
 
@@ -359,6 +373,8 @@ class Orchestrator:
             worker.engine_url + request.path, body,
             timeout_s=self._timeouts.first_token_timeout_s,
         )  # fmt: skip
+        if ABORTED.search(payload):  # a whole answer cut short: try another worker
+            raise EngineAborted
         self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
         elapsed_s = self._clock() - request.arrived_s
         metrics, tenant_class = self._metrics, request.tenant_class

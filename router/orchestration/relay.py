@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from router.errors import APIError, UpstreamFailed, UpstreamTimeout, sse_error_event
 from router.orchestration.engine_client import EngineConnection, StreamIdle
+from router.orchestration.engine_errors import ABORTED, EngineAborted
 from router.orchestration.usage import Usage, usage_in_events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -44,7 +45,8 @@ class StreamStats:
 class SSERelay:
     """Whole events out of an engine's bytes, and the stream's account of them."""
 
-    __slots__ = ("_clock", "_edit", "_last_s", "_on_gap", "_pending", "_strip_usage", "stats")
+    __slots__ = ("_clock", "_edit", "_last_s", "_on_gap", "_pending", "_strip_usage", "aborted",
+                 "stats")  # fmt: skip
 
     def __init__(
         self,
@@ -65,13 +67,17 @@ class SSERelay:
         self._edit = edit
         self._pending = b""
         self._last_s = clock()
+        self.aborted = False  # the engine aborted the request: the stream must not complete
 
     def switched_engine(self) -> None:
         """The stream goes on from another engine: the failed one's partial event is dropped."""
         self._pending = b""
+        self.aborted = False
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events ``chunk`` completes (``b""`` if none), ready to forward."""
+        if self.aborted:  # what follows an abort (usage, [DONE]) is not the answer's end
+            return b""
         pending = self._pending + chunk if self._pending else chunk
         cut = pending.rfind(_EVENT_END)
         if cut < 0:
@@ -81,6 +87,14 @@ class SSERelay:
             ready, self._pending = pending, b""
         else:
             ready, self._pending = pending[: cut + 2], pending[cut + 2 :]
+        if (aborted := ABORTED.search(ready)) is not None:
+            # Relayed, its [DONE] would make a cut answer look whole: keep the events
+            # before it, and the driver fails the stream (or moves it elsewhere).
+            self.aborted, self._pending = True, b""
+            cut = ready.rfind(_EVENT_END, 0, aborted.start())
+            ready = ready[: cut + 2] if cut >= 0 else b""
+            if not ready:
+                return b""
         if self._edit is not None:
             ready = self._edit(ready)
             if not ready:
@@ -108,6 +122,9 @@ class SSERelay:
         elif isinstance(error, APIError):  # the router's own verdict, e.g. a migration's
             self.stats.failure = error.message
             answer = error
+        elif isinstance(error, EngineAborted):
+            self.stats.failure = "decode engine aborted the request mid-stream (shutting down)"
+            answer = UpstreamFailed(self.stats.failure, code="engine_aborted")
         elif isinstance(error, StreamIdle):
             self.stats.failure = "decode engine went silent mid-stream"
             answer = UpstreamTimeout(self.stats.failure, code="stream_idle_timeout")
@@ -146,6 +163,8 @@ async def relay_sse(
                         yield ready
                         if relay.stats.completed:
                             return
+                    if relay.aborted:
+                        raise EngineAborted
                     chunk = await connection.read()
             except Exception as failure:  # StreamIdle, StreamBroken, a diverged continuation
                 error = failure

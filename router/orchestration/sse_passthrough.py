@@ -26,6 +26,7 @@ from fastapi.responses import StreamingResponse
 
 from contracts.asgi import ASGIApp, Receive, Scope, Send
 from router.orchestration.engine_client import EngineConnection
+from router.orchestration.engine_errors import EngineAborted
 from router.orchestration.relay import Resume, SSERelay, StreamStats, no_resume, relay_sse
 
 _CLIENT_SOCKET = "pdserve.client_socket"  # the scope key ClientSockets sets
@@ -135,6 +136,9 @@ class _Passage:
             self._transport.write(b"%x\r\n%b\r\n" % (len(ready), ready))
             if relay.stats.completed:
                 self.settle(None)
+        if relay.aborted:
+            self.settle(EngineAborted())
+            return False
         if self._flow.write_paused:
             if self._draining is None:
                 self._draining = self._loop.create_task(self._resume_when_drained())

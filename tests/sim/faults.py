@@ -17,8 +17,10 @@ def set_faults(cluster: LocalCluster, worker: str, **faults: object) -> httpx.Re
 
 
 def serving_decode(cluster: LocalCluster) -> str:
-    """The one decode worker with a running request (the test's own stream)."""
-    decodes = [w for w in cluster.workers if w.role == "decode"]
+    """The one decode worker with a running request (the test's own stream), of those
+    whose agent still runs."""
+    decodes = [w for w in cluster.workers
+               if w.role == "decode" and cluster.agents[w.name].poll() is None]  # fmt: skip
     running = "vllm:num_requests_running"
     busy = [w.name for w in decodes if total(scrape(w.engine_url + "/metrics"), running) > 0]
     assert len(busy) == 1, busy

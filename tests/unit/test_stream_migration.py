@@ -7,6 +7,7 @@ import json
 import pytest
 
 from router.orchestration.migration import ContinuationDiverged, Resume, Transcript, resume_mode
+from router.orchestration.relay import SSERelay, StreamStats
 from router.prepare.prepare import Endpoint, PreparedRequest
 
 
@@ -107,3 +108,15 @@ def test_escaped_text_and_spaced_json_are_read_back_as_sent():
     transcript.edit(b"data: " + spaced.encode() + b"\n\n" + event("end", [3]))
     continuation = transcript.continuation()
     assert continuation.body["prompt"] == [1, 2] and continuation.skip_text == "end"
+
+
+def test_an_engines_abort_is_cut_from_the_stream_and_its_done_does_not_complete_it():
+    """vLLM shutting down ends each running request with finish_reason "abort", usage and
+    [DONE]: relayed, that would be a truncated 200 that looks whole."""
+    relay = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
+    aborted = b'data: {"id":"c","choices":[{"index":0,"text":"","finish_reason":"abort"}]}\n\n'
+    sent = relay.feed(event("Hel", [5]) + aborted)
+    assert sent == event("Hel", [5]) and relay.aborted
+    assert relay.feed(b"data: [DONE]\n\n") == b"" and not relay.stats.completed
+    relay.switched_engine()  # the stream goes on elsewhere
+    assert relay.feed(event("lo", [7]) + b"data: [DONE]\n\n") and relay.stats.completed
