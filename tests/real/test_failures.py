@@ -6,6 +6,7 @@ import os
 import signal
 
 import httpx
+import pytest
 
 from loadgen.prometheus_text import scrape, scrape_or_none, total
 from localrun.ports import free_ports
@@ -76,14 +77,16 @@ def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_u
     assert 0 < generated < LONG_STREAM["max_tokens"] / 2
 
 
-def kill_the_decode_and_wait_for_its_restart(cluster, router_url: str, body: dict) -> Generation:
-    """Stream ``body``, SIGKILL the decode engine at the 50th chunk; what the client got,
+def kill_the_decode_and_wait_for_its_restart(
+    cluster, router_url: str, body: dict, how: signal.Signals = signal.SIGKILL
+) -> Generation:
+    """Stream ``body``, signal the decode engine at the 50th chunk; what the client got,
     once the agent has restarted vLLM (a new incarnation) and the router serves again."""
     decode = cluster.worker_status()["decode-0"]
 
     def kill_at_chunk_50(so_far: Generation) -> None:
         if so_far.chunks == 50:
-            os.kill(decode["engine_pid"], signal.SIGKILL)
+            os.kill(decode["engine_pid"], how)
 
     result = generate(router_url, "/v1/completions", body, on_chunk=kill_at_chunk_50)
     assert result.chunks >= 50, "the stream must have started before the kill"
@@ -103,9 +106,12 @@ def kill_the_decode_and_wait_for_its_restart(cluster, router_url: str, body: dic
     return result
 
 
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
-    cluster, router_url
+    cluster, router_url, how
 ):
+    """SIGKILL breaks the stream; SIGTERM makes vLLM abort it (finish_reason "abort", then
+    [DONE]). Either way it goes on on the prefill worker, unchanged."""
     body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 200,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
@@ -113,7 +119,7 @@ def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
     assert uninterrupted.done and uninterrupted.usage["completion_tokens"] == 200
     migrated_before = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",
                             outcome="migrated")  # fmt: skip
-    moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body)
+    moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body, how)
     assert moved.status == 200 and moved.done and not moved.error_events, moved.error_events
     assert moved.text == uninterrupted.text
     assert moved.usage == uninterrupted.usage
