@@ -26,6 +26,18 @@ def worker(
                         version=version, **{**defaults, **load})  # fmt: skip
 
 
+def quiet_model(
+    model: str, workers_by_role: dict[str, int], workers: list[WorkerStatus], **fields
+) -> ModelStatus:
+    """A model with no queue, traffic or price unless ``fields`` say otherwise."""
+    defaults = dict(queue_waiting_requests=0, queued_prefill_tokens=0, ttft_p50_s=None,
+                    ttft_p99_s=None, ttft_samples=0, input_tokens_per_s=0,
+                    output_tokens_per_s=0, usd_per_million_input_tokens=None,
+                    usd_per_million_output_tokens=None)  # fmt: skip
+    return ModelStatus(model=model, workers_by_role=workers_by_role, workers=workers,
+                       **{**defaults, **fields})  # fmt: skip
+
+
 SNAPSHOT = StatusSnapshot(
     window_s=60,
     taken_at_unix_s=1_796_000_000,
@@ -70,33 +82,16 @@ SNAPSHOT = StatusSnapshot(
                 ),
             ],
         ),
-        ModelStatus(
-            model="idle-model",
-            workers_by_role={"colocated": 1},
-            queue_waiting_requests=0,
-            queued_prefill_tokens=0,
-            ttft_p50_s=None,
-            ttft_p99_s=None,
-            ttft_samples=0,
-            input_tokens_per_s=0,
-            output_tokens_per_s=0,
-            usd_per_million_input_tokens=None,
-            usd_per_million_output_tokens=None,
-            workers=[worker("colocated-0", "colocated")],
-        ),
-        ModelStatus(
-            model="half-pd",
-            workers_by_role={"decode": 1},
-            queue_waiting_requests=0,
-            queued_prefill_tokens=0,
+        quiet_model("idle-model", {"colocated": 1}, [worker("colocated-0", "colocated")]),
+        quiet_model(
+            "half-pd",
+            {"decode": 1},
+            [worker("half-decode-0", "decode")],
             ttft_p50_s=0.9,
             ttft_p99_s=0.9,
             ttft_samples=1,
             input_tokens_per_s=10,
             output_tokens_per_s=1,
-            usd_per_million_input_tokens=None,
-            usd_per_million_output_tokens=None,
-            workers=[worker("half-decode-0", "decode")],
             degraded="decode",
         ),
     ],
