@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]"
 _EVENT_END = b"\n\n"
 _DATA = b"data: "
+# A choice that ended as an answer ends (not aborted); the marks of a stream's end.
+_FINISHED = re.compile(rb'"finish_reason":\s*"(?!abort")')
+_END_MARKS = re.compile(rb'"choices":\s*\[\]|data: \[DONE\]')
+_ERROR_DATA = re.compile(rb'data: \{"(?:error"|object":\s*"error")')
 
 
 @dataclass(slots=True)
@@ -45,8 +50,8 @@ class StreamStats:
 class SSERelay:
     """Whole events out of an engine's bytes, and the stream's account of them."""
 
-    __slots__ = ("_clock", "_edit", "_last_s", "_on_gap", "_pending", "_strip_usage", "aborted",
-                 "stats")  # fmt: skip
+    __slots__ = ("_clock", "_edit", "_finished", "_last_s", "_on_gap", "_pending",
+                 "_strip_usage", "aborted", "stats")  # fmt: skip
 
     def __init__(
         self,
@@ -68,11 +73,12 @@ class SSERelay:
         self._pending = b""
         self._last_s = clock()
         self.aborted = False  # the engine aborted the request: the stream must not complete
+        self._finished = False  # a choice has ended (stop, length...): [DONE] may follow
 
     def switched_engine(self) -> None:
         """The stream goes on from another engine: the failed one's partial event is dropped."""
         self._pending = b""
-        self.aborted = False
+        self.aborted = self._finished = False
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events ``chunk`` completes (``b""`` if none), ready to forward."""
@@ -87,12 +93,11 @@ class SSERelay:
             ready, self._pending = pending, b""
         else:
             ready, self._pending = pending[: cut + 2], pending[cut + 2 :]
-        if (aborted := ABORTED.search(ready)) is not None:
+        self._finished = self._finished or _FINISHED.search(ready) is not None
+        if (end := _cut_short(ready, self._finished)) is not None:
             # Relayed, its [DONE] would make a cut answer look whole: keep the events
             # before it, and the driver fails the stream (or moves it elsewhere).
-            self.aborted, self._pending = True, b""
-            cut = ready.rfind(_EVENT_END, 0, aborted.start())
-            ready = ready[: cut + 2] if cut >= 0 else b""
+            self.aborted, self._pending, ready = True, b"", ready[:end]
             if not ready:
                 return b""
         if self._edit is not None:
@@ -141,6 +146,21 @@ Resume = Callable[[BaseException | None], Awaitable["tuple[EngineConnection, byt
 
 async def no_resume(error: BaseException | None) -> None:
     return None
+
+
+def _cut_short(events: bytes, finished: bool) -> int | None:
+    """Where a run of events stops being the answer, or None while it is whole: at an
+    event ending a choice with "abort", at an error vLLM sends in band (``data:
+    {"error": ...}``, then ``[DONE]``, when its engine dies under a stream), or at the
+    usage chunk or ``[DONE]`` of a stream none of whose choices ended (vLLM shutting
+    down was seen to end a stream so in CI: cut text, usage and [DONE])."""
+    marks = [m.start() for m in (ABORTED.search(events), _ERROR_DATA.search(events)) if m]
+    if not finished and (end := _END_MARKS.search(events)) is not None:
+        marks.append(end.start())
+    if not marks:
+        return None
+    cut = events.rfind(_EVENT_END, 0, min(marks))
+    return cut + 2 if cut >= 0 else 0
 
 
 async def relay_sse(

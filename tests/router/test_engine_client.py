@@ -28,8 +28,10 @@ from router.orchestration.sse_passthrough import ClientSockets, EngineSSERespons
 from tests.conditions import until
 
 
-def event(i: int) -> bytes:
-    return b'data: {"choices":[{"index":0,"text":" t%d"}]}\n\n' % i
+def event(i: int, last: bool = False) -> bytes:
+    """A completion chunk; the last one ends the choice, as vLLM's does."""
+    finish = b'"length"' if last else b"null"
+    return b'data: {"choices":[{"index":0,"text":" t%d","finish_reason":%b}]}\n\n' % (i, finish)
 
 
 class Engine:
@@ -56,7 +58,8 @@ class Engine:
         try:
             pad = b" " * int(q.get("pad", "0"))
             for i in range(n):
-                data = event(i)[:-2] + pad + b"\n\n" if pad else event(i)
+                data = event(i, last=i == n - 1)
+                data = data[:-2] + pad + b"\n\n" if pad else data
                 if q.get("split"):  # an event across two writes (and two TCP segments)
                     await response.write(data[:7])
                     await asyncio.sleep(0.005)
@@ -162,7 +165,8 @@ async def read_chunks(url: str) -> list[bytes]:
 async def test_events_go_straight_to_the_client_and_the_connection_is_kept():
     async with engine_and_router() as setup:
         chunks = await read_chunks(setup.url + "?n=20")
-        assert b"".join(chunks) == b"".join(event(i) for i in range(20)) + b"data: [DONE]\n\n"
+        sent = b"".join(event(i, last=i == 19) for i in range(20))
+        assert b"".join(chunks) == sent + b"data: [DONE]\n\n"
         (response,) = setup.responses
         assert response.passed_through
         stats = response.stats
@@ -184,7 +188,7 @@ async def test_an_event_split_across_reads_reaches_the_client_whole():
 async def test_a_stream_cut_before_done_ends_in_an_error_event_and_is_not_pooled():
     async with engine_and_router() as setup:
         body = b"".join(await read_chunks(setup.url + "?n=3&truncate=1"))
-        assert body.startswith(event(0) + event(1) + event(2))
+        assert body.startswith(event(0) + event(1) + event(2, last=True))
         error = json.loads(body.split(b"event: error\ndata: ")[1])
         assert error["error"]["code"] == "stream_truncated"
         assert setup.responses[0].stats.failure is not None

@@ -119,4 +119,26 @@ def test_an_engines_abort_is_cut_from_the_stream_and_its_done_does_not_complete_
     assert sent == event("Hel", [5]) and relay.aborted
     assert relay.feed(b"data: [DONE]\n\n") == b"" and not relay.stats.completed
     relay.switched_engine()  # the stream goes on elsewhere
-    assert relay.feed(event("lo", [7]) + b"data: [DONE]\n\n") and relay.stats.completed
+    last = event("lo", [7]).replace(b'"finish_reason":null', b'"finish_reason":"length"')
+    assert relay.feed(last + b"data: [DONE]\n\n") and relay.stats.completed
+
+
+def test_a_stream_that_ends_with_no_choice_finished_is_not_whole():
+    """Seen in CI from a SIGTERMed vLLM: cut text, then usage and [DONE], no finish_reason."""
+    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+    relay = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
+    assert relay.feed(event("Hel", [5]) + usage + b"data: [DONE]\n\n") == event("Hel", [5])
+    assert relay.aborted and not relay.stats.completed
+    whole = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
+    last = event("lo", [7]).replace(b'"finish_reason":null', b'"finish_reason":"length"')
+    assert whole.feed(event("Hel", [5]) + last + usage + b"data: [DONE]\n\n")
+    assert whole.stats.completed and not whole.aborted
+
+
+def test_an_error_vllm_sends_in_band_is_not_relayed_as_part_of_the_answer():
+    """vLLM's stream generator answers an engine that died under it with data: {"error":
+    ...} and [DONE] (completion/serving.py): the client must not get that as output."""
+    relay = SSERelay(StreamStats(started_s=0.0), on_gap=lambda _: None)
+    error = b'data: {"error": {"message": "EngineDeadError", "type": "x", "code": 500}}\n\n'
+    assert relay.feed(event("Hel", [5]) + error + b"data: [DONE]\n\n") == event("Hel", [5])
+    assert relay.aborted and not relay.stats.completed
