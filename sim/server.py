@@ -106,8 +106,10 @@ class SimServer:
         return app
 
     async def _abort_in_flight(self, _: web.Application) -> None:
-        """As vLLM 0.32 on SIGTERM (``--shutdown-timeout 0``): every request still running
-        ends at once with ``finish_reason: "abort"``, its stream then closed with [DONE]."""
+        """As vLLM 0.32's engine core on SIGTERM (``--shutdown-timeout 0``): every request
+        still running ends at once with ``finish_reason: "abort"``, its stream then closed
+        with [DONE]. (What a real client gets also depends on vLLM's API server: in CI it
+        was cut text, usage and [DONE] with no finish_reason; the router handles both.)"""
         for request in [*self.engine.waiting, *self.engine.running]:
             self.engine.abort(request)
 

@@ -21,8 +21,9 @@ class EngineHTTPError(Exception):
 
 
 class EngineAborted(Exception):
-    """The engine ended the request with ``finish_reason: "abort"`` (vLLM does so for
-    every request in flight when it shuts down): the answer is cut short, never whole."""
+    """The engine cut the answer short: ``finish_reason: "abort"`` (vLLM's engine core
+    ends every request in flight so when it shuts down), an error sent in band, or a
+    stream's end with no choice finished. Never relayed as a whole answer."""
 
 
 ABORTED = re.compile(rb'"finish_reason":\s*"abort"')

@@ -46,7 +46,7 @@ _NOT_CONTINUABLE = ("logprobs", "echo", "stop", "best_of", "response_format", "g
                     "prompt_logprobs")  # fmt: skip
 
 
-class Resume(Enum):
+class ResumeMode(Enum):
     CONTINUE = "continue"  # greedy: the prompt plus the streamed tokens
     REPLAY = "replay"  # seeded: the same request again, the sent text dropped
 
@@ -62,7 +62,7 @@ class ContinuationDiverged(UpstreamFailed):
         )
 
 
-def resume_mode(request: PreparedRequest) -> Resume | None:
+def resume_mode(request: PreparedRequest) -> ResumeMode | None:
     """How a stream of ``request`` could go on elsewhere, or None: it cannot exactly."""
     body = request.body
     if not request.stream or request.endpoint is not Endpoint.COMPLETIONS:
@@ -76,9 +76,9 @@ def resume_mode(request: PreparedRequest) -> Resume | None:
     if not single:
         return None
     if body.get("temperature") == 0:
-        return Resume.CONTINUE
+        return ResumeMode.CONTINUE
     if isinstance(body.get("seed"), int):
-        return Resume.REPLAY
+        return ResumeMode.REPLAY
     return None
 
 
@@ -95,7 +95,7 @@ class Transcript:
     """The events a client received on one stream, and how to continue it."""
 
     def __init__(
-        self, request: PreparedRequest, mode: Resume, *, client_wants_ids: bool, max_bytes: int
+        self, request: PreparedRequest, mode: ResumeMode, *, client_wants_ids: bool, max_bytes: int
     ) -> None:
         self._request = request
         self._mode = mode
@@ -128,7 +128,7 @@ class Transcript:
         received = self._received.read()
         if received is None:
             return None
-        keep = 0 if self._mode is Resume.REPLAY else max(0, len(received.chunks) - 1)
+        keep = 0 if self._mode is ResumeMode.REPLAY else max(0, len(received.chunks) - 1)
         kept_ids = [t for ids, _ in received.chunks[:keep] for t in ids]
         skip = "".join(text for _, text in received.chunks[keep:])
         left = self._request.max_output_tokens - len(kept_ids)

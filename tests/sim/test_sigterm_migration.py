@@ -1,6 +1,6 @@
 """A decode worker stopped with SIGTERM under load. Its agent drains for
-``drain_timeout_s``, then stops the engine, which (as vLLM 0.32 by default) aborts what
-is still running: ``finish_reason: "abort"`` and then ``[DONE]``. The router must not
+``drain_timeout_s``, then stops the engine, which (as vLLM 0.32's engine core) aborts
+what is still running: ``finish_reason: "abort"`` and then ``[DONE]``. The router must not
 relay that as a whole answer; a stream it can continue moves to another decode worker
 instead of being truncated, a whole answer is retried there. A sim cluster of its own
 (1 prefill, 3 decode: each test stops one, and a stopped worker does not come back)."""

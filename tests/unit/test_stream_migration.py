@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from router.orchestration.migration import ContinuationDiverged, Resume, Transcript, resume_mode
+from router.orchestration.migration import (
+    ContinuationDiverged,
+    ResumeMode,
+    Transcript,
+    resume_mode,
+)
 from router.orchestration.relay import SSERelay, StreamStats
 from router.prepare.prepare import Endpoint, PreparedRequest
 
@@ -28,13 +33,16 @@ def event(text: str, ids: list[int], prompt_ids: list[int] | None = None, **extr
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
 
-def transcript_of(prepared: PreparedRequest, mode: Resume, max_bytes: int = 1 << 20) -> Transcript:
+def transcript_of(
+    prepared: PreparedRequest, mode: ResumeMode, max_bytes: int = 1 << 20
+) -> Transcript:
     return Transcript(prepared, mode, client_wants_ids=False, max_bytes=max_bytes)
 
 
 @pytest.mark.parametrize(
     ("body", "mode"),
-    [({"temperature": 0}, Resume.CONTINUE), ({"temperature": 0.7, "seed": 3}, Resume.REPLAY),
+    [({"temperature": 0}, ResumeMode.CONTINUE),
+     ({"temperature": 0.7, "seed": 3}, ResumeMode.REPLAY),
      ({"temperature": 0.7}, None), ({}, None), ({"temperature": 0, "n": 2}, None),
      ({"temperature": 0, "logprobs": 2}, None), ({"temperature": 0, "stop": ["\n"]}, None),
      ({"temperature": 0, "prompt": ["a", "b"]}, None)],
@@ -46,13 +54,13 @@ def test_only_requests_whose_answer_is_fixed_are_continued(body, mode):
 
 
 def test_the_client_sees_vllms_bytes_without_the_token_ids_the_router_asked_for():
-    transcript = transcript_of(request(temperature=0), Resume.CONTINUE)
+    transcript = transcript_of(request(temperature=0), ResumeMode.CONTINUE)
     sent = transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + b"data: [DONE]\n\n")
     assert sent == event("Hel", None, prompt_ids=None) + b"data: [DONE]\n\n"  # type: ignore[arg-type]
 
 
 def test_a_greedy_stream_continues_from_its_tokens_and_regenerates_the_last_event():
-    transcript = transcript_of(request(temperature=0), Resume.CONTINUE)
+    transcript = transcript_of(request(temperature=0), ResumeMode.CONTINUE)
     transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + event("lo", [7]))
     continuation = transcript.continuation()
     assert continuation is not None
@@ -74,7 +82,7 @@ def test_a_greedy_stream_continues_from_its_tokens_and_regenerates_the_last_even
 
 
 def test_a_seeded_stream_is_replayed_and_a_different_text_is_refused():
-    transcript = transcript_of(request(temperature=0.7, seed=3), Resume.REPLAY)
+    transcript = transcript_of(request(temperature=0.7, seed=3), ResumeMode.REPLAY)
     transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + event("lo", [7]))
     continuation = transcript.continuation()
     assert continuation.body["prompt"] == [1, 2] and continuation.skip_text == "Hello"
@@ -83,20 +91,20 @@ def test_a_seeded_stream_is_replayed_and_a_different_text_is_refused():
 
 
 def test_without_token_ids_from_the_engine_there_is_nothing_to_continue_from():
-    transcript = transcript_of(request(temperature=0), Resume.CONTINUE)
+    transcript = transcript_of(request(temperature=0), ResumeMode.CONTINUE)
     transcript.edit(event("Hel", None))  # type: ignore[arg-type]
     assert transcript.continuation() is None
 
 
 def test_past_its_record_bound_a_stream_can_no_longer_migrate():
-    transcript = transcript_of(request(temperature=0), Resume.CONTINUE, max_bytes=1024)
+    transcript = transcript_of(request(temperature=0), ResumeMode.CONTINUE, max_bytes=1024)
     transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]))
     transcript.edit(b"".join(event("x" * 100, [7]) for _ in range(10)))
     assert transcript.continuation() is None
 
 
 def test_escaped_text_and_spaced_json_are_read_back_as_sent():
-    transcript = transcript_of(request(temperature=0), Resume.CONTINUE)
+    transcript = transcript_of(request(temperature=0), ResumeMode.CONTINUE)
     spaced = json.dumps(
         {
             "id": "cmpl-1",
