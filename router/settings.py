@@ -168,8 +168,8 @@ class UpstreamSettings(_Group):
         ge=0,
         le=5,
         description="Workers tried to go on with a stream whose engine failed mid-answer "
-        "(greedy or seeded completions, once per stream; 0: migration off, the stream ends "
-        "with an SSE error event).",
+        "(greedy or seeded completions and chats, once per stream; 0: migration off, the "
+        "stream ends with an SSE error event).",
     )
     stream_migration_record_bytes: int = Field(
         1 << 20,
@@ -177,6 +177,13 @@ class UpstreamSettings(_Group):
         le=1 << 28,
         description="What a migratable stream keeps of its output to go on from (about 12 "
         "bytes a token); a stream past it can no longer migrate.",
+    )
+    stream_migration_inexact: bool = Field(
+        False,
+        description="Also migrate streams that sample without a seed: the new worker samples "
+        "on from the tokens already streamed, which is an answer the model could have given "
+        "but not the one it would have; its chunks say so in `pdserve_migration`. Off: such "
+        "a stream ends with an SSE error event when its engine fails.",
     )
     upstream_pool_size: int = Field(
         1024,

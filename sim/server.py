@@ -404,20 +404,24 @@ async def _stream(
     await response.prepare(http)
     first = True
     held: list[int] = []
+    # vLLM's token id fields: always there, null unless asked.
+    asked = bool(body.get("return_token_ids"))
 
     async def send_held(finished: bool) -> None:
+        if chat and first:  # like vLLM: the role first, with the prompt's ids at the top
+            delta = {"role": "assistant", "content": ""}
+            role = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            role_chunk = _envelope(server, request, chat, [role], chunk=True)
+            role_chunk["prompt_token_ids"] = request.prompt_token_ids if asked else None
+            await _send(response, role_chunk)
         text = "".join(server.tokenizer.decode_one(t) for t in held)
         if chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                                      "finish_reason": None}  # fmt: skip
         else:
             choice = {"index": 0, "text": text, "finish_reason": None}
-        if not chat:  # like vLLM's completion chunks: both fields, null unless asked
-            asked = bool(body.get("return_token_ids"))
             choice["prompt_token_ids"] = request.prompt_token_ids if asked and first else None
-            choice["token_ids"] = list(held) if asked else None
-        elif body.get("return_token_ids"):
-            choice["token_ids"] = list(held)
+        choice["token_ids"] = list(held) if asked else None
         if finished:
             choice["finish_reason"] = request.finish_reason
         await _send(response, _envelope(server, request, chat, [choice], chunk=True))

@@ -20,6 +20,9 @@ class Generation:
     body: dict | None = None
     response_ids: set[str] = field(default_factory=set)  # streamed: every chunk's id
     chunks: int = 0  # streamed: data chunks with choices
+    # streamed: the distinct pdserve_migration fields, and the chunks before the first
+    migrations: list[dict] = field(default_factory=list)
+    chunks_before_migration: int | None = None
 
 
 def choice_text(choice: dict) -> str:
@@ -74,6 +77,11 @@ def generate(
 
 def _fold_chunk(result: Generation, chunk: dict) -> None:
     result.response_ids.add(chunk.get("id"))
+    migration = chunk.get("pdserve_migration")
+    if migration is not None and migration not in result.migrations:
+        result.migrations.append(migration)
+        if result.chunks_before_migration is None:
+            result.chunks_before_migration = result.chunks
     result.chunks += bool(chunk.get("choices"))
     for choice in chunk.get("choices") or []:
         result.text += choice_text(choice)

@@ -1,10 +1,12 @@
 """Moving a stream whose engine died mid-answer to another worker, with nothing lost.
 
-A streamed completion keeps a ``Transcript`` of the events its client received. The
-router asks the engine for the token ids (vLLM's ``return_token_ids``) and blanks them
-out of what the client sees, so the client gets the bytes vLLM would have sent it.
+A streamed completion or chat keeps a ``Transcript`` of the events its client received.
+The router asks the engine for the token ids (vLLM's ``return_token_ids``) and blanks
+them out of what the client sees, so the client gets the bytes vLLM would have sent it.
 When the engine fails mid-stream, ``Transcript.continuation`` says how to go on
-elsewhere:
+elsewhere, always as a ``/v1/completions`` call on token ids (a chat's prompt is its
+templated prompt, which vLLM's first chat chunk names), its events rewritten into the
+original's shape:
 
 - greedy (``temperature == 0``): the prompt plus the tokens already streamed, less
   the last event's, as a new prompt (computed by the worker itself), with the output
@@ -13,14 +15,18 @@ elsewhere:
   engine whose greedy choice differs, shows up there as a divergence, not as text;
 - seeded sampling: the same request again from the start (a seed fixes the whole
   sequence, not its continuation), all text the client got being checked and dropped;
-- anything else (unseeded sampling, n > 1, logprobs, stop strings, echo, chat) is
-  not migrated: the stream ends with an SSE error event, as before.
+- unseeded sampling, only when ``stream_migration_inexact`` allows it: the prompt plus
+  the tokens streamed up to the last event with text, sampled on from there. Not the
+  answer the first engine would have given, but one the model could have;
+- anything else (n > 1, logprobs, stop strings, echo, tools, guided decoding) is not
+  migrated: the stream ends with an SSE error event, as before.
 
-The continuation's events then carry the first answer's id, and its usage counts the
-original prompt and every token the client received.
+The continuation's events then carry the first answer's id and a ``pdserve_migration``
+field (``{"exact": ..., "tokens_before": ...}``), and its usage counts the original
+prompt and every token the client received.
 
-Invariant: a migrated stream's text is the uninterrupted one's, or it ends with an
-error event; never a different text under a 200.
+Invariant: an exactly migrated stream's text is the uninterrupted one's, or it ends
+with an error event; never a different text under a 200.
 """
 
 from __future__ import annotations
@@ -41,14 +47,24 @@ _DONE = b"data: [DONE]"
 # null again, and the client sees what it would have seen without the router's ask.
 _TOKEN_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[0-9,\s]*\]')
 # Fields that make a continuation differ from the uninterrupted answer.
-_NOT_CONTINUABLE = ("logprobs", "echo", "stop", "best_of", "response_format", "guided_json",
-                    "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                    "prompt_logprobs")  # fmt: skip
+_NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "stop", "best_of", "response_format",
+                    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                    "structured_outputs", "prompt_logprobs")  # fmt: skip
+# A chat's fields that a completion of its templated prompt does without.
+_CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template",
+              "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+              "documents", "max_completion_tokens")  # fmt: skip
+MIGRATION_FIELD = "pdserve_migration"
 
 
 class ResumeMode(Enum):
     CONTINUE = "continue"  # greedy: the prompt plus the streamed tokens
     REPLAY = "replay"  # seeded: the same request again, the sent text dropped
+    RESAMPLE = "resample"  # unseeded, when allowed: sampled on from the streamed tokens
+
+    @property
+    def exact(self) -> bool:
+        return self is not ResumeMode.RESAMPLE
 
 
 class ContinuationDiverged(UpstreamFailed):
@@ -62,33 +78,39 @@ class ContinuationDiverged(UpstreamFailed):
         )
 
 
-def resume_mode(request: PreparedRequest) -> ResumeMode | None:
-    """How a stream of ``request`` could go on elsewhere, or None: it cannot exactly."""
+def resume_mode(request: PreparedRequest, *, inexact: bool = False) -> ResumeMode | None:
+    """How a stream of ``request`` could go on elsewhere, or None: it cannot (exactly,
+    unless ``inexact`` allows sampling on from the cut)."""
     body = request.body
-    if not request.stream or request.endpoint is not Endpoint.COMPLETIONS:
+    if not request.stream or body.get("n") not in (None, 1):
         return None
-    if body.get("n") not in (None, 1) or any(body.get(key) for key in _NOT_CONTINUABLE):
+    if any(body.get(key) for key in _NOT_CONTINUABLE):
         return None
-    prompt = body.get("prompt")
-    single = isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-    )
-    if not single:
-        return None
+    if request.endpoint is Endpoint.CHAT:
+        if body.get("tools") and body.get("tool_choice") != "none":
+            return None  # a tool call's deltas are parsed, not text
+    else:
+        prompt = body.get("prompt")
+        single = isinstance(prompt, str) or (
+            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        )
+        if not single:
+            return None
     if body.get("temperature") == 0:
         return ResumeMode.CONTINUE
     if isinstance(body.get("seed"), int):
         return ResumeMode.REPLAY
-    return None
+    return ResumeMode.RESAMPLE if inexact else None
 
 
 @dataclass(frozen=True)
 class Continuation:
     """Where a failed stream goes on from: the engine body and what to drop of its text."""
 
-    body: dict[str, Any]
+    body: dict[str, Any]  # for /v1/completions
     skip_text: str  # the continuation's first text, already received by the client
     tokens_before: int  # output tokens the client has that the continuation does not count
+    path: str = "/v1/completions"
 
 
 class Transcript:
@@ -99,8 +121,9 @@ class Transcript:
     ) -> None:
         self._request = request
         self._mode = mode
+        self._chat = request.endpoint is Endpoint.CHAT
         self._strip_ids = not client_wants_ids
-        self._received = _Record(max_bytes)
+        self._received = _Record(max_bytes, chat=self._chat)
         self._continuing: _ContinuedEvents | None = None
 
     def __repr__(self) -> str:
@@ -128,34 +151,47 @@ class Transcript:
         received = self._received.read()
         if received is None:
             return None
-        keep = 0 if self._mode is ResumeMode.REPLAY else max(0, len(received.chunks) - 1)
-        kept_ids = [t for ids, _ in received.chunks[:keep] for t in ids]
-        skip = "".join(text for _, text in received.chunks[keep:])
+        chunks = received.chunks
+        if self._mode is ResumeMode.REPLAY:
+            keep = 0
+        elif self._mode is ResumeMode.CONTINUE:
+            keep = max(0, len(chunks) - 1)
+        else:  # sampled on after the last text: an event without text may hold half a character
+            keep = max((i + 1 for i, (_, text) in enumerate(chunks) if text), default=0)
+        kept_ids = [t for ids, _ in chunks[:keep] for t in ids]
+        skip = "".join(text for _, text in chunks[keep:]) if self._mode.exact else ""
         left = self._request.max_output_tokens - len(kept_ids)
         if left < 1:
             return None
-        body = {k: v for k, v in self._request.body.items() if k != "kv_transfer_params"}
+        dropped = ("kv_transfer_params", *(_CHAT_ONLY if self._chat else ()))
+        body = {k: v for k, v in self._request.body.items() if k not in dropped}
         body.pop("max_completion_tokens", None)
         body.update(prompt=received.prompt_ids + kept_ids, max_tokens=left, stream=True,
                     return_token_ids=True)  # fmt: skip
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         if isinstance(body.get("min_tokens"), int):
             body["min_tokens"] = max(0, body["min_tokens"] - len(kept_ids))
-        self._continuing = _ContinuedEvents(received, skip, len(kept_ids))
+        marker = {"exact": self._mode.exact, "tokens_before": sum(len(ids) for ids, _ in chunks)}
+        self._continuing = _ContinuedEvents(received, skip, len(kept_ids), marker, chat=self._chat)
         return Continuation(body, skip, len(kept_ids))
 
 
 @dataclass
 class _Received:
     response_id: str
+    created: int
     prompt_ids: list[int]
     chunks: list[tuple[list[int], str]]  # per event with output: its token ids and text
 
 
 _RESPONSE_ID = re.compile(rb'"id":\s*"([^"\\]*)"')
+_CREATED = re.compile(rb'"created":\s*([0-9]+)')
 _PROMPT_IDS = re.compile(rb'"prompt_token_ids":\s*\[([0-9,\s]*)\]')
 _OUTPUT_IDS = re.compile(rb'"token_ids":\s*\[([0-9,\s]*)\]')
 _TEXT = re.compile(rb'"text":\s*"((?:[^"\\]|\\.)*)"')
+_CONTENT = re.compile(rb'"content":\s*"((?:[^"\\]|\\.)*)"')
+# A chat delta that is not plain text (a tool call, reasoning): nothing to go on from.
+_NOT_TEXT = re.compile(rb'"(?:tool_calls|reasoning_content|reasoning)":\s*[\[{"]')
 _EVENT_SEPARATOR, _TEXT_SEPARATOR = b";", b"\x00"  # neither occurs in what they separate
 
 
@@ -165,9 +201,11 @@ class _Record:
     only when the stream must be continued. Past ``max_bytes`` it stops (and the
     stream can no longer migrate)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, chat: bool) -> None:
         self._max_bytes = max_bytes
+        self._text = _CONTENT if chat else _TEXT
         self._response_id = b""
+        self._created = b"0"
         self._prompt_ids = b""
         self._ids, self._texts = bytearray(), bytearray()
         self._readable = True
@@ -180,15 +218,19 @@ class _Record:
             return
         if not self._response_id and (found := _RESPONSE_ID.search(events)):
             self._response_id = found[1]
+            if created := _CREATED.search(events):
+                self._created = created[1]
         if not self._prompt_ids and (found := _PROMPT_IDS.search(events)):
             self._prompt_ids = found[1]
-        ids, texts = _OUTPUT_IDS.findall(events), _TEXT.findall(events)
-        if len(ids) != len(texts):  # an event without its token ids: nothing to go on from
-            self._stop()
-            return
-        for event_ids, text in zip(ids, texts, strict=True):
-            self._ids += event_ids + _EVENT_SEPARATOR
-            self._texts += text + _TEXT_SEPARATOR
+        for event in events.split(_EVENT_END):
+            ids, text = _OUTPUT_IDS.search(event), self._text.search(event)
+            if ids is None and (text is None or not text[1]):
+                continue  # no output: a chat's role, the usage, [DONE]
+            if ids is None or text is None or _NOT_TEXT.search(event):
+                self._stop()  # output without its ids, or not text: nothing to go on from
+                return
+            self._ids += ids[1] + _EVENT_SEPARATOR
+            self._texts += text[1] + _TEXT_SEPARATOR
         if len(self._ids) + len(self._texts) > self._max_bytes:
             self._stop()
 
@@ -202,17 +244,31 @@ class _Record:
         ids = [json.loads(b"[" + e + b"]") for e in self._ids.split(_EVENT_SEPARATOR)[:-1]]
         texts = [json.loads(b'"' + t + b'"') for t in self._texts.split(_TEXT_SEPARATOR)[:-1]]
         prompt = json.loads(b"[" + self._prompt_ids + b"]")
-        return _Received(self._response_id.decode(), prompt, list(zip(ids, texts, strict=True)))
+        return _Received(
+            self._response_id.decode(), int(self._created), prompt,
+            list(zip(ids, texts, strict=True)),
+        )  # fmt: skip
 
 
 class _ContinuedEvents:
-    """The continuation's events made the first answer's: its id, the received text
-    checked and dropped, the usage counted from the original prompt."""
+    """The continuation's completion events made the first answer's: its id and shape
+    (a chat's chunks), the received text checked and dropped, the usage counted from
+    the original prompt, and the migration said."""
 
-    def __init__(self, received: _Received, skip: str, tokens_before: int) -> None:
+    def __init__(
+        self,
+        received: _Received,
+        skip: str,
+        tokens_before: int,
+        marker: dict[str, Any],
+        *,
+        chat: bool,
+    ) -> None:
         self.received_before = received
         self._skip = skip
         self._tokens_before = tokens_before
+        self._marker = marker
+        self._chat = chat
 
     def edit(self, events: bytes) -> bytes:
         kept = [self._edit_one(e) for e in events.split(_EVENT_END) if e]
@@ -240,4 +296,21 @@ class _ContinuedEvents:
                 choice["text"] = text
                 if not text and choice.get("finish_reason") is None:
                     return b""  # all of it was received already
+        if self._chat:
+            chunk = self._as_chat_chunk(chunk)
+        chunk[MIGRATION_FIELD] = self._marker
         return _DATA + json.dumps(chunk, separators=(",", ":")).encode()
+
+    def _as_chat_chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """A completion chunk as the chat chunk vLLM would have sent in its place."""
+        choices = []
+        for choice in chunk.get("choices") or ():
+            chat_choice = {"index": choice.get("index", 0),
+                           "delta": {"content": choice.get("text") or ""}, "logprobs": None,
+                           "finish_reason": choice.get("finish_reason")}  # fmt: skip
+            if chat_choice["finish_reason"] is not None:
+                chat_choice["stop_reason"] = choice.get("stop_reason")
+            chat_choice["token_ids"] = choice.get("token_ids")
+            choices.append(chat_choice)
+        return {**chunk, "object": "chat.completion.chunk",
+                "created": self.received_before.created, "choices": choices}  # fmt: skip

@@ -439,7 +439,7 @@ class Orchestrator:
         """A record to continue the stream from, when it can be continued exactly."""
         if not request.stream or not self._timeouts.stream_migration_attempts:
             return None
-        mode = resume_mode(request)
+        mode = resume_mode(request, inexact=self._timeouts.stream_migration_inexact)
         if mode is None:
             return None
         wants_ids = request.body.get("return_token_ids") is True
@@ -495,7 +495,7 @@ class Orchestrator:
                 ticket = self._load.begin(worker.worker_id, own, kv_tokens=own + output_tokens)
                 try:
                     opened = await self._engines.open_stream(
-                        worker.engine_url + request.path, body,
+                        worker.engine_url + continuation.path, body,
                         first_byte_timeout_s=self._timeouts.first_token_timeout_s,
                         idle_timeout_s=self._timeouts.stream_idle_timeout_s,
                     )  # fmt: skip

@@ -78,7 +78,7 @@ def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_u
 
 
 def kill_the_decode_and_wait_for_its_restart(
-    cluster, router_url: str, body: dict, how: signal.Signals = signal.SIGKILL
+    cluster, router_url: str, path: str, body: dict, how: signal.Signals = signal.SIGKILL
 ) -> Generation:
     """Stream ``body``, signal the decode engine at the 50th chunk; what the client got,
     once the agent has restarted vLLM (a new incarnation) and the router serves again."""
@@ -88,7 +88,7 @@ def kill_the_decode_and_wait_for_its_restart(
         if so_far.chunks == 50:
             os.kill(decode["engine_pid"], how)
 
-    result = generate(router_url, "/v1/completions", body, on_chunk=kill_at_chunk_50)
+    result = generate(router_url, path, body, on_chunk=kill_at_chunk_50)
     assert result.chunks >= 50, "the stream must have started before the kill"
     wait_for(
         lambda: (
@@ -106,24 +106,31 @@ def kill_the_decode_and_wait_for_its_restart(
     return result
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("how", "path"),
+    [(signal.SIGKILL, "/v1/completions"), (signal.SIGTERM, "/v1/chat/completions")],
+    ids=["SIGKILL completion", "SIGTERM chat"],
+)
 def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
-    cluster, router_url, how
+    cluster, router_url, how, path
 ):
     """SIGKILL breaks the stream; SIGTERM makes vLLM abort it (finish_reason "abort", then
-    [DONE]). Either way it goes on on the prefill worker, unchanged."""
-    body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 200,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    uninterrupted = generate(router_url, "/v1/completions", body)
+    [DONE]). Either way it goes on on the prefill worker, unchanged; a chat's as a
+    completion of its templated prompt, rewritten into chat chunks."""
+    asked = {"prompt": "tell me everything"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "tell me everything"}]}  # fmt: skip
+    body = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, **asked}  # fmt: skip
+    uninterrupted = generate(router_url, path, body)
     assert uninterrupted.done and uninterrupted.usage["completion_tokens"] == 200
     migrated_before = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",
                             outcome="migrated")  # fmt: skip
-    moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body, how)
+    moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, path, body, how)
     assert moved.status == 200 and moved.done and not moved.error_events, moved.error_events
     assert moved.text == uninterrupted.text
     assert moved.usage == uninterrupted.usage
     assert len(moved.response_ids) == 1
+    assert [m["exact"] for m in moved.migrations] == [True]
     migrated = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",
                      outcome="migrated")  # fmt: skip
     assert migrated - migrated_before == 1
@@ -133,7 +140,7 @@ def test_an_unseeded_sampled_stream_whose_decode_dies_ends_in_an_error_event(clu
     """Its continuation could not be the text it would have been: no migration."""
     body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 3000,
             "temperature": 0.8, "ignore_eos": True, "stream": True}  # fmt: skip
-    result = kill_the_decode_and_wait_for_its_restart(cluster, router_url, body)
+    result = kill_the_decode_and_wait_for_its_restart(cluster, router_url, "/v1/completions", body)
     assert result.status == 200 and not result.done
     assert [e["error"]["code"] for e in result.error_events] in (
         ["stream_broken"],

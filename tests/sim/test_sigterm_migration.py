@@ -3,7 +3,8 @@
 what is still running: ``finish_reason: "abort"`` and then ``[DONE]``. The router must not
 relay that as a whole answer; a stream it can continue moves to another decode worker
 instead of being truncated, a whole answer is retried there. A sim cluster of its own
-(1 prefill, 3 decode: each test stops one, and a stopped worker does not come back)."""
+(1 prefill, 4 decode: each test stops one, and a stopped worker does not come back),
+with inexact migration on."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ LONG = {"model": MODEL, "prompt": "a long story", "max_tokens": 600, "temperatur
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with small_sim_cluster(tmp_path_factory.mktemp("sigterm"), decode=3) as local:
+    env = {"PDSERVE_STREAM_MIGRATION_INEXACT": "true"}
+    run_dir = tmp_path_factory.mktemp("sigterm")
+    with small_sim_cluster(run_dir, decode=4, router_env=env) as local:
         yield local
 
 
@@ -61,6 +64,26 @@ def test_a_stream_longer_than_the_drain_moves_to_another_decode_unchanged(cluste
     migrated = total(scrape(cluster.router_url + "/metrics"), "pdserve_stream_migrations_total",
                      outcome="migrated")  # fmt: skip
     assert migrated == 1  # the first test on this cluster
+
+
+def test_with_inexact_migration_on_an_unseeded_stream_moves_and_says_so(cluster, uninterrupted):
+    body = {**LONG, "temperature": 0.9, "stream": True, "stream_options": {"include_usage": True}}
+    stopped: list[str] = []
+
+    def stop_the_decode_at_chunk_50(so_far: Generation) -> None:
+        if so_far.chunks == 50:
+            stopped.append(serving_decode(cluster))
+            stop_decode(cluster, stopped[0])
+
+    moved = generate(cluster.router_url, "/v1/completions", body,
+                     on_chunk=stop_the_decode_at_chunk_50)  # fmt: skip
+    assert stopped and cluster.agents[stopped[0]].wait(timeout=30) == 0
+    assert moved.done and not moved.error_events, moved.error_events
+    assert moved.usage == uninterrupted.usage and len(moved.response_ids) == 1
+    assert moved.migrations == [{"exact": False, "tokens_before": moved.chunks_before_migration}]
+    # The sim's sampling is a function of its context, so even a sampled continuation is
+    # the uninterrupted text there: what shows that no text was lost or repeated.
+    assert moved.text == uninterrupted.text
 
 
 @pytest.mark.slow  # the fast tier's 2 minutes: the stream case above is the common one

@@ -307,23 +307,32 @@ def test_the_router_and_every_worker_listen_on_loopback_only(sim_cluster):
     assert beyond_loopback(found) == []
 
 
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
 def migrations(cluster, outcome: str) -> float:
     return total(scrape(cluster.router_url + "/metrics"), "pdserve_stream_migrations_total",
                  outcome=outcome)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "sampling",
-    [{"temperature": 0}, {"temperature": 0, "return_token_ids": True},
-     {"temperature": 0.8, "seed": 7}],
-    ids=["greedy", "greedy with token ids", "seeded"],
+    ("path", "sampling"),
+    [(COMPLETIONS, {"temperature": 0}), (CHAT, {"temperature": 0}),
+     (CHAT, {"temperature": 0.8, "seed": 7, "return_token_ids": True}),
+     # The fast tier's 2 minutes: the chat cases above cover token ids and seeds.
+     pytest.param(COMPLETIONS, {"temperature": 0, "return_token_ids": True},
+                  marks=pytest.mark.slow),
+     pytest.param(COMPLETIONS, {"temperature": 0.8, "seed": 7}, marks=pytest.mark.slow)],
+    ids=["greedy", "chat greedy", "chat seeded with ids", "greedy with token ids", "seeded"],
 )  # fmt: skip
 def test_a_stream_whose_decode_dies_mid_answer_goes_on_elsewhere_with_nothing_lost(
-    sim_cluster, sampling
+    sim_cluster, path, sampling
 ):
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "stream": True,
-            "stream_options": {"include_usage": True}, **sampling}  # fmt: skip
-    reference = generate(sim_cluster.router_url, "/v1/completions", body)
+    asked = {"prompt": "Once upon a time"} if path == COMPLETIONS else {
+        "messages": [{"role": "user", "content": "Once upon a time"}]}  # fmt: skip
+    body = {"model": MODEL, "max_tokens": 200, "stream": True,
+            "stream_options": {"include_usage": True}, **asked, **sampling}  # fmt: skip
+    reference = generate(sim_cluster.router_url, path, body)
     assert reference.done and reference.usage["completion_tokens"] == 200
     before, migrated_before = sim_cluster.worker_status(), migrations(sim_cluster, "migrated")
     killed: list[str] = []
@@ -333,14 +342,17 @@ def test_a_stream_whose_decode_dies_mid_answer_goes_on_elsewhere_with_nothing_lo
             killed.append(serving_decode(sim_cluster))
             os.kill(before[killed[0]]["engine_pid"], signal.SIGKILL)
 
-    moved = generate(sim_cluster.router_url, "/v1/completions", body,
-                     on_chunk=kill_the_decode_at_chunk_50)  # fmt: skip
+    moved = generate(sim_cluster.router_url, path, body, on_chunk=kill_the_decode_at_chunk_50)
     assert killed, "the stream ended before its decode could be killed"
     assert moved.status == 200 and moved.done and not moved.error_events
     assert moved.text == reference.text
     assert moved.token_ids == reference.token_ids  # empty unless the client asked for them
     assert moved.usage == reference.usage
     assert len(moved.response_ids) == 1 and moved.response_ids != reference.response_ids
+    # One token a chunk (a chat's first names the role): what the client had at the cut.
+    tokens_before = moved.chunks_before_migration - (path == CHAT)
+    assert moved.migrations == [{"exact": True, "tokens_before": tokens_before}]
+    assert reference.migrations == []
     assert migrations(sim_cluster, "migrated") - migrated_before == 1
     wait_for(
         lambda: (w := sim_cluster.worker_status().get(killed[0])) is not None

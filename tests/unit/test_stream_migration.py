@@ -50,7 +50,17 @@ def transcript_of(
 def test_only_requests_whose_answer_is_fixed_are_continued(body, mode):
     assert resume_mode(request(**body)) is mode
     assert resume_mode(request(stream=False, **body)) is None
-    assert resume_mode(request(endpoint=Endpoint.CHAT, **body)) is None
+    chat = {k: v for k, v in body.items() if k != "prompt"}
+    chat_mode = mode if "prompt" not in body else ResumeMode.CONTINUE
+    assert resume_mode(request(endpoint=Endpoint.CHAT, **chat)) is chat_mode
+
+
+def test_unseeded_sampling_is_continued_only_when_inexact_migration_is_allowed():
+    assert resume_mode(request(temperature=0.7)) is None
+    assert resume_mode(request(temperature=0.7), inexact=True) is ResumeMode.RESAMPLE
+    assert resume_mode(request(temperature=0.7, n=2), inexact=True) is None
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert resume_mode(request(endpoint=Endpoint.CHAT, temperature=0, tools=tools)) is None
 
 
 def test_the_client_sees_vllms_bytes_without_the_token_ids_the_router_asked_for():
@@ -150,3 +160,56 @@ def test_an_error_vllm_sends_in_band_is_not_relayed_as_part_of_the_answer():
     error = b'data: {"error": {"message": "EngineDeadError", "type": "x", "code": 500}}\n\n'
     assert relay.feed(event("Hel", [5]) + error + b"data: [DONE]\n\n") == event("Hel", [5])
     assert relay.aborted and not relay.stats.completed
+
+
+def chat_event(content: str | None, ids: list[int] | None, **top) -> bytes:
+    """A vLLM chat chunk: the first names the role and, at the top, the prompt's ids."""
+    delta = {"role": "assistant", "content": ""} if content is None else {"content": content}
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+    if content is not None:
+        choice["token_ids"] = ids
+    chunk = {"id": "chatcmpl-first", "object": "chat.completion.chunk", "created": 7,
+             "model": "m", "choices": [choice], **top}  # fmt: skip
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def test_a_greedy_chat_continues_as_a_completion_of_its_templated_prompt_in_chat_chunks():
+    chat = request(endpoint=Endpoint.CHAT, temperature=0, max_completion_tokens=10,
+                   messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    chat.body.pop("prompt")
+    transcript = transcript_of(chat, ResumeMode.CONTINUE)
+    role = chat_event(None, None, prompt_token_ids=[1, 2], prompt_text=None)
+    sent = transcript.edit(role + chat_event("Hel", [5, 6]) + chat_event("lo", [7]))
+    assert b"[1,2]" not in sent and b"[5,6]" not in sent, "the client did not ask for ids"
+    continuation = transcript.continuation()
+    assert continuation.path == "/v1/completions"
+    assert continuation.body["prompt"] == [1, 2, 5, 6] and continuation.body["max_tokens"] == 8
+    assert "messages" not in continuation.body and "max_completion_tokens" not in continuation.body
+    assert transcript.edit(event("lo", [7], prompt_ids=[1, 2, 5, 6], id="cmpl-x")) == b""
+    last = event("!", [9], id="cmpl-x").replace(b'"finish_reason":null', b'"finish_reason":"stop"')
+    chunk = json.loads(transcript.edit(last)[6:])
+    assert chunk["id"] == "chatcmpl-first" and chunk["created"] == 7
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"] == [{"index": 0, "delta": {"content": "!"}, "logprobs": None,
+                                 "finish_reason": "stop", "stop_reason": None,
+                                 "token_ids": None}]  # fmt: skip
+    assert chunk["pdserve_migration"] == {"exact": True, "tokens_before": 3}
+
+
+def test_a_chat_delta_that_is_not_text_cannot_be_continued():
+    transcript = transcript_of(request(endpoint=Endpoint.CHAT, temperature=0), ResumeMode.CONTINUE)
+    role = chat_event(None, None, prompt_token_ids=[1, 2])
+    call = chat_event("", [5]).replace(b'"content":""', b'"tool_calls":[{"index":0}]')
+    transcript.edit(role + call)
+    assert transcript.continuation() is None
+
+
+def test_an_inexact_continuation_samples_on_after_the_last_text_and_says_so():
+    transcript = transcript_of(request(temperature=0.7), ResumeMode.RESAMPLE)
+    # The last event has no text yet: its token may be half a character.
+    transcript.edit(event("Hel", [5, 6], prompt_ids=[1, 2]) + event("lo", [7]) + event("", [8]))
+    continuation = transcript.continuation()
+    assert continuation.body["prompt"] == [1, 2, 5, 6, 7] and continuation.skip_text == ""
+    chunk = json.loads(transcript.edit(event("p!", [8, 9], id="cmpl-x"))[6:])
+    assert chunk["choices"][0]["text"] == "p!" and chunk["id"] == "cmpl-first"
+    assert chunk["pdserve_migration"] == {"exact": False, "tokens_before": 4}
