@@ -261,7 +261,8 @@ class HealthSettings(_Group):
         True,
         description="A P/D model with no ready prefill worker is served by its decode workers "
         "alone (they compute the prompt), and one with no ready decode worker by its prefill "
-        "workers alone, as colocated ones; off: 503 until both pools are back.",
+        "workers alone, as colocated ones; so is a request whose every prefill (or decode) "
+        "attempt failed. Off: 503 until both pools are back, and such a request fails.",
     )
 
     def registry_arguments(self) -> dict[str, float | int | bool]:

@@ -95,6 +95,7 @@ class Orchestrator:
         self._timeouts = settings.upstream
         self._leases = settings.leases
         self._retry_after_s = settings.server.retry_after_s
+        self._serve_degraded = settings.health.serve_degraded
         self._registry = registry
         self._engines = engines
         self._metrics = metrics
@@ -126,12 +127,24 @@ class Orchestrator:
             # decode worker meanwhile must see this request's share taken.
             reservation = self._reserve_kv(request, decode)
             try:
-                handoff = await self._prefill_phase(request, pools.prefill, blocks)
+                try:
+                    handoff = await self._prefill_phase(request, pools.prefill, blocks)
+                except UpstreamFailed as failure:  # every prefill tried failed
+                    reservation.end()
+                    return await self._served_by_one_pool(
+                        request, pools, blocks, WorkerRole.DECODE, failure, prefilled
+                    )
                 prefilled()
-                return await self._decode_phase(
-                    request, pools, pools.decode, blocks, mode="disaggregated", first=decode,
-                    handoff=handoff,
-                )  # fmt: skip
+                try:
+                    return await self._decode_phase(
+                        request, pools, pools.decode, blocks, mode="disaggregated",
+                        first=decode, handoff=handoff,
+                    )  # fmt: skip
+                except UpstreamFailed as failure:  # every decode tried failed before its first byte
+                    reservation.end()
+                    return await self._served_by_one_pool(
+                        request, pools, blocks, WorkerRole.PREFILL, failure, prefilled
+                    )
             finally:
                 reservation.end()  # the answer's own ticket holds it from its start
         if pools.colocated:
@@ -145,6 +158,29 @@ class Orchestrator:
             f"no ready {missing} worker for model {request.model!r}; retry shortly",
             code="no_ready_worker",
             retry_after_s=self._retry_after_s,
+        )
+
+    async def _served_by_one_pool(
+        self,
+        request: PreparedRequest,
+        pools: Pools,
+        blocks: PromptBlocks,
+        left: WorkerRole,
+        failure: UpstreamFailed,
+        prefilled: Callable[[], None],
+    ) -> Response:
+        """The other pool's phase failed on every worker tried: ``left``'s workers answer
+        the request whole (computing the prompt themselves), as when that pool is empty;
+        unless ``serve_degraded`` is off, then the failure stands. A prefill worker that
+        made the handoff still caches the prompt's blocks, so it computes little."""
+        pool = pools.decode if left is WorkerRole.DECODE else pools.prefill
+        if not (self._serve_degraded and pool):
+            raise failure
+        log.warning("%s: %s; its %s workers answer it whole", request.model, failure.message,
+                    left.value)  # fmt: skip
+        self._metrics.degraded_requests.labels(request.model, left.value).inc()
+        return await self._decode_phase(
+            request, pools, pool, blocks, mode=f"{left.value}_only", prefilled=prefilled
         )
 
     def _note_degraded(self, model: str, left: WorkerRole | None) -> None:
