@@ -179,9 +179,15 @@ class Orchestrator:
         log.warning("%s: %s; its %s workers answer it whole", request.model, failure.message,
                     left.value)  # fmt: skip
         self._metrics.degraded_requests.labels(request.model, left.value).inc()
-        return await self._decode_phase(
-            request, pools, pool, blocks, mode=f"{left.value}_only", prefilled=prefilled
-        )
+        try:
+            return await self._decode_phase(
+                request, pools, pool, blocks, mode=f"{left.value}_only", prefilled=prefilled
+            )
+        except UpstreamFailed as also:  # the first failure is the cause the client is told
+            raise UpstreamFailed(
+                f"{failure.message}; then the {left.value} pool alone: {also.message}",
+                code=failure.code,
+            ) from None
 
     def _note_degraded(self, model: str, left: WorkerRole | None) -> None:
         """Count a request served by one P/D pool alone; log when a model starts or stops

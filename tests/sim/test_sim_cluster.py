@@ -222,7 +222,7 @@ def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(si
     """Past the producer's lease the blocks may be reused: the router must not relay output.
 
     It prefills again once (``kv_lease_reprefills``) for the next decode; when that one
-    misses the lease too, the request fails."""
+    misses the lease too, a prefill worker answers it whole (``serve_degraded``)."""
     decodes = [w.name for w in sim_cluster.workers if w.role == "decode"]
     for name in decodes:
         # A tiny-cpu decode step takes ~7 ms; x2000 puts the first token past the 6 s lease.
@@ -238,11 +238,10 @@ def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(si
         reprefills_before, prefills_before = counters()
         body = {"model": MODEL, "prompt": "slow", "max_tokens": 2, "stream": True}
         result = generate(sim_cluster.router_url, "/v1/completions", body)
-        assert result.status in (502, 504) and not result.text
-        assert result.body["error"]["code"] == "decode_failed"
+        assert result.status == 200 and result.done and result.text
         reprefills, prefills = counters()
         assert reprefills - reprefills_before == 1, "one fresh prefill for the second decode"
-        assert prefills - prefills_before == 2
+        assert prefills - prefills_before == 3, "two prefills, then one answering whole"
     finally:
         for name in decodes:
             set_faults(sim_cluster, name, slowdown=1)
