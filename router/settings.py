@@ -252,7 +252,26 @@ class HealthSettings(_Group):
         ge=1,
         le=100,
         description="Consecutive failed probes before a worker leaves rotation. "
-        "A failed request ejects it at once regardless.",
+        "Failed requests take it out through its circuit breaker (circuit_*).",
+    )
+    circuit_failures_to_open: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Failed requests in a row (5xx, a broken stream, a bad handoff) that open "
+        "a worker's circuit: out of rotation for circuit_open_s. An engine that cannot be "
+        "reached at all opens it at once.",
+    )
+    circuit_open_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="How long an opened circuit keeps a worker out. Then one trial: traffic "
+        "flows while its health probe passes, the next success closes the circuit, the next "
+        "failure opens it again for twice as long.",
+    )
+    circuit_max_open_s: float = Field(
+        60.0, gt=0, le=3600, description="The longest a circuit stays open after failed trials."
     )
     max_workers: int = Field(
         1024, ge=1, description="Registry capacity; registrations beyond it get 429."
@@ -269,7 +288,10 @@ class HealthSettings(_Group):
         """``WorkerRegistry``'s bounds, from these knobs."""
         return {"heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "forget_after_s": self.forget_after_s, "max_workers": self.max_workers,
-                "serve_degraded": self.serve_degraded}  # fmt: skip
+                "serve_degraded": self.serve_degraded,
+                "circuit_failures_to_open": self.circuit_failures_to_open,
+                "circuit_open_s": self.circuit_open_s,
+                "circuit_max_open_s": self.circuit_max_open_s}  # fmt: skip
 
 
 class RoutingSettings(_Group):

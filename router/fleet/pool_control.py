@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from contracts.workers import WorkerRole
 from router.errors import InvalidRequest
+from router.fleet.circuit_breaker import CircuitState
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.scheduling.load import InFlightLoad
 from router.settings import ControlSettings
@@ -145,11 +146,15 @@ class PoolController:
         return None if stored is None else stored[1]
 
     def worker_state(self, worker: WorkerState, now_s: float) -> str:
-        """starting, ready, draining, re-roling or down, as the pools view shows it."""
+        """starting, ready, draining, re-roling, down, or its circuit (open, half-open), as
+        the pools view shows it."""
         if worker.worker_id in self._wanted:
             return "re-roling"
         if not worker.healthy:
             return "down"
+        circuit = worker.breaker.state(now_s)
+        if circuit is not CircuitState.CLOSED:
+            return f"circuit {circuit.value}"
         if worker.draining or self._registry.is_held(worker.worker_id):
             return "draining"
         if not worker.ready:

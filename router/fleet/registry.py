@@ -4,8 +4,9 @@ Invariant: ``eligible()`` returns a worker only if all hold at ``now``:
 - its agent's latest heartbeat said ready (weights loaded, not draining);
 - that heartbeat is younger than ``heartbeat_timeout_s``;
 - the router's own health probe has not failed ``failures_to_eject`` times in a
-  row since (``healthy``).
-An upstream failure clears ``healthy`` at once; only a passing probe restores it.
+  row since (``healthy``);
+- its circuit breaker lets traffic through (``circuit_breaker.py``): failed requests
+  open it, and it lets a trial through again only after a wait and a passing probe.
 
 Pure state: no I/O, and the clock is a parameter, so it is unit-testable.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration, WorkerRole
+from router.fleet.circuit_breaker import CircuitBreaker
 
 
 class RegistryFull(RuntimeError):
@@ -30,6 +32,7 @@ class WorkerState:
     healthy: bool = True
     probe_failures: int = 0  # consecutive failed health probes
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     # When a heartbeat last showed the engine's preemption count rising (KV ran out).
     preempted_at_s: float | None = None
 
@@ -93,8 +96,12 @@ class WorkerRegistry:
         forget_after_s: float,
         max_workers: int,
         serve_degraded: bool = True,
+        circuit_failures_to_open: int = 3,
+        circuit_open_s: float = 5.0,
+        circuit_max_open_s: float = 60.0,
     ) -> None:
         self._serve_degraded = serve_degraded
+        self._circuit = (circuit_failures_to_open, circuit_open_s, circuit_max_open_s)
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._forget_after_s = forget_after_s
         self._max_workers = max_workers
@@ -107,10 +114,12 @@ class WorkerRegistry:
         return f"WorkerRegistry(workers={len(self._workers)})"
 
     def register(self, registration: WorkerRegistration, now_s: float) -> WorkerState:
-        """Add or replace a worker. A new incarnation starts healthy and ready."""
+        """Add or replace a worker. A new incarnation starts healthy and ready, its
+        circuit closed."""
         if registration.worker_id not in self._workers and len(self._workers) >= self._max_workers:
             raise RegistryFull(f"registry holds {self._max_workers} workers (max_workers)")
-        state = WorkerState(registration=registration, last_seen_s=now_s)
+        breaker = CircuitBreaker(*self._circuit)
+        state = WorkerState(registration=registration, last_seen_s=now_s, breaker=breaker)
         self._workers[registration.worker_id] = state
         return state
 
@@ -139,10 +148,16 @@ class WorkerRegistry:
         self._held.discard(worker_id)
         return self._workers.pop(worker_id, None) is not None
 
-    def mark_unhealthy(self, worker_id: str) -> None:
+    def request_failed(self, worker_id: str, now_s: float, *, at_once: bool = False) -> bool:
+        """A request to the worker failed (``at_once``: it could not be reached); True if
+        that opened its circuit."""
         state = self._workers.get(worker_id)
-        if state is not None:
-            state.healthy = False
+        return state is not None and state.breaker.failed(now_s, at_once=at_once)
+
+    def request_succeeded(self, worker_id: str, now_s: float) -> bool:
+        """A request to the worker succeeded; True if that closed its circuit."""
+        state = self._workers.get(worker_id)
+        return state is not None and state.breaker.succeeded(now_s)
 
     def record_probe(self, worker_id: str, passed: bool, failures_to_eject: int) -> bool:
         """Apply one health-probe result; True if it changed the worker's health."""
@@ -183,6 +198,7 @@ class WorkerRegistry:
             and state.healthy
             and not state.draining
             and state.last_seen_s >= now_s - self._heartbeat_timeout_s
+            and state.breaker.allows(now_s, probe_passed=state.probe_failures == 0)
         )
 
     def eligible(

@@ -217,6 +217,7 @@ async def list_workers(request: Request) -> dict[str, Any]:
                 "eligible": parts.registry.is_eligible(w, now),
                 "ready": w.ready,
                 "healthy": w.healthy,
+                "circuit": w.breaker.state(now).value,
                 "draining": w.draining,
                 "seen_s_ago": round(now - w.last_seen_s, 3),
                 "load": w.load.model_dump(),

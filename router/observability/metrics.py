@@ -209,7 +209,8 @@ class RouterMetrics:
     def forget_worker(self, worker_id: str) -> None:
         """Drop a gone worker's own series (in multiprocess mode its files keep them at
         their last value until the router restarts: bounded by the workers it saw)."""
-        for metric in (self.routed_prompt_tokens, self.routed_hit_tokens, self.inflight):
+        for metric in (self.routed_prompt_tokens, self.routed_hit_tokens, self.inflight,
+                       self.circuit_open, self.circuit_trips):  # fmt: skip
             _remove(metric, worker_id)
         for role in ("prefill", "decode", "colocated"):
             _remove(self.routed_requests, worker_id, role)
@@ -433,6 +434,11 @@ class RouterMetrics:
             "by that pool: decode (no ready prefill worker) or prefill (no ready decode)",
             ["model", "pool"], registry=r,
         )  # fmt: skip
+        self.circuit_trips = Counter(
+            "pdserve_worker_circuit_trips",
+            "Times a worker's circuit breaker opened (circuit_failures_to_open failed requests "
+            "in a row, an unreachable engine, or a failed trial)", ["worker"], registry=r,
+        )  # fmt: skip
         self.routed_requests = Counter(
             "pdserve_routed_requests", "Requests sent to each worker (retries included)",
             ["worker", "role"], registry=r,
@@ -468,6 +474,12 @@ class RouterMetrics:
             "Requests the router has in flight on a worker",
             ["worker"],
         )
+        self.circuit_open = gauge(
+            "pdserve_worker_circuit_open",
+            "1 while a worker's circuit breaker is open or half-open (its failed requests took "
+            "it out of rotation and no trial has succeeded since), else 0; processes: the max",
+            ["worker"], "livemax",
+        )  # fmt: skip
         self.queued_prefill = gauge(
             "pdserve_pool_queued_prefill_tokens",
             "Uncached prompt tokens the router has sent to the pool and not yet seen prefilled",

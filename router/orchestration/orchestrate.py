@@ -261,6 +261,7 @@ class Orchestrator:
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(worker, error))
                 continue
+            self._worker_answered(worker)
             seconds = handoff.issued_at_s - started_s
             self._metrics.stage.labels(request.model, "prefill").observe(seconds)
             self._predictor.observe_prefill(
@@ -357,6 +358,7 @@ class Orchestrator:
         )  # fmt: skip
 
         def first_byte(at_s: float) -> None:
+            self._worker_answered(worker)
             ticket.prefilled()
             prefilled()
             if mark is not None:
@@ -394,17 +396,17 @@ class Orchestrator:
         if not (isinstance(error, EngineHTTPError) and error.status < 500):
             log.warning("%s %s attempt failed: %s", worker.worker_id, worker.role.value, error)
         if isinstance(error, EngineUnreachable):
-            self._worker_failed(worker, "unreachable")
+            self._worker_failed(worker, "unreachable", at_once=True)
             return f"{worker.worker_id}: unreachable ({error})"
         if isinstance(error, EngineHTTPError):
             if error.status < 500:
                 raise UpstreamRejected(error.status, error.body) from None
-            self._metrics.upstream_failures.labels(worker.role.value, f"http_{error.status}").inc()
+            self._worker_failed(worker, f"http_{error.status}")
             return f"{worker.worker_id}: HTTP {error.status}"
         if isinstance(error, EngineAborted):  # shutting down: leaves rotation as it drains
-            self._metrics.upstream_failures.labels(worker.role.value, "aborted").inc()
+            self._worker_failed(worker, "aborted")
             return f"{worker.worker_id}: the engine aborted the request"
-        self._metrics.upstream_failures.labels(worker.role.value, "bad_handoff").inc()
+        self._worker_failed(worker, "bad_handoff")
         return f"{worker.worker_id}: {error}"
 
     async def _complete(
@@ -417,6 +419,7 @@ class Orchestrator:
         )  # fmt: skip
         if ABORTED.search(payload):  # a whole answer cut short: try another worker
             raise EngineAborted
+        self._worker_answered(worker)
         self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
         elapsed_s = self._clock() - request.arrived_s
         metrics, tenant_class = self._metrics, request.tenant_class
@@ -465,7 +468,7 @@ class Orchestrator:
             seat.ticket.end()
             self._streamed(request, mode, stats)
             if stats.failure and not seat.failed:
-                self._worker_failed(seat.worker, "stream_broken")
+                self._worker_failed(seat.worker, "stream_broken", at_once=True)
 
         relay = SSERelay(
             StreamStats(started_s=request.arrived_s), clock=self._clock,
@@ -502,7 +505,7 @@ class Orchestrator:
         seat.ticket.end()
         if isinstance(error, APIError):  # the router's verdict on a continuation, not a worker's
             return None
-        self._worker_failed(seat.worker, "stream_broken")
+        self._worker_failed(seat.worker, "stream_broken", at_once=True)
         seat.failed = True
         continuation = transcript.continuation()
         outcome, opened = "not_continuable", None
@@ -548,6 +551,7 @@ class Orchestrator:
                         return None
                     self._triage(worker, failure)
                     continue
+                self._worker_answered(worker)
                 log.info("a %s stream moved from %s to %s after %d tokens", request.model,
                          seat.worker.worker_id, worker.worker_id,
                          continuation.tokens_before)  # fmt: skip
@@ -577,9 +581,20 @@ class Orchestrator:
             tpot_s = (ended_s - stats.first_byte_s) / (stats.usage.completion_tokens - 1)
             metrics.tpot.labels(model).observe(tpot_s)
 
-    def _worker_failed(self, worker: WorkerState, kind: str) -> None:
+    def _worker_failed(self, worker: WorkerState, kind: str, *, at_once: bool = False) -> None:
+        """Count a failed request; ``at_once``: the engine is gone, open its circuit now."""
         self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
-        self._registry.mark_unhealthy(worker.worker_id)
+        if self._registry.request_failed(worker.worker_id, self._clock(), at_once=at_once):
+            breaker = worker.breaker
+            log.warning("%s: circuit open for %.0f s after %d failed requests (last: %s)",
+                        worker.worker_id, breaker.open_for_s, breaker.failures, kind)  # fmt: skip
+            self._metrics.circuit_trips.labels(worker.worker_id).inc()
+            self._metrics.circuit_open.labels(worker.worker_id).set(1)
+
+    def _worker_answered(self, worker: WorkerState) -> None:
+        if self._registry.request_succeeded(worker.worker_id, self._clock()):
+            log.info("%s: circuit closed, its trial request succeeded", worker.worker_id)
+            self._metrics.circuit_open.labels(worker.worker_id).set(0)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 import pytest
 
 from contracts.workers import WorkerHeartbeat, WorkerRegistration, WorkerRole
+from router.fleet.circuit_breaker import CircuitState
 from router.fleet.registry import RegistryFull, WorkerRegistry
 
 
@@ -36,13 +37,26 @@ def test_a_worker_leaves_rotation_only_after_consecutive_failed_probes(probes, h
     )
 
 
-def test_an_upstream_failure_ejects_at_once_and_a_probe_restores():
+def test_an_unreachable_engine_opens_the_circuit_at_once_and_a_trial_closes_it():
     reg = registry()
     reg.register(registration(), now_s=0)
-    reg.mark_unhealthy("p0")
+    assert reg.request_failed("p0", 1, at_once=True)
     assert reg.eligible("m", WorkerRole.PREFILL, 1) == []
-    assert reg.record_probe("p0", True, failures_to_eject=3) is True
-    assert len(reg.eligible("m", WorkerRole.PREFILL, 1)) == 1
+    assert reg.eligible("m", WorkerRole.PREFILL, 5.9) == [], "open for circuit_open_s"
+    reg.record_probe("p0", False, failures_to_eject=3)
+    assert reg.eligible("m", WorkerRole.PREFILL, 6.5) == [], "no trial while its probe fails"
+    reg.record_probe("p0", True, failures_to_eject=3)
+    assert len(reg.eligible("m", WorkerRole.PREFILL, 6.5)) == 1, "half-open: a trial"
+    assert reg.request_succeeded("p0", 6.6)
+    assert reg.get("p0").breaker.state(6.6) is CircuitState.CLOSED
+
+
+def test_a_new_incarnation_starts_with_its_circuit_closed():
+    reg = registry()
+    reg.register(registration(), now_s=0)
+    reg.request_failed("p0", 1, at_once=True)
+    reg.register(registration(), now_s=2)
+    assert len(reg.eligible("m", WorkerRole.PREFILL, 2)) == 1
 
 
 @pytest.mark.parametrize(
