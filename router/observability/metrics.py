@@ -25,6 +25,7 @@ scrape time (``metric_views.derived``), so they are right for one process or man
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -112,6 +113,7 @@ class RouterMetrics:
         self._declare_process_health(r)
         self._declare_fleet(r)
         self._declare_process_gauges(r)
+        self._declare_worker_gauges(r)
         self._shared: list[Collector] = []  # views of state every process holds alike
         self._publishers: list[Callable[[], None]] = []
         self._derive: Callable[[list[Metric]], Iterable[Metric]] = lambda _: ()
@@ -452,11 +454,22 @@ class RouterMetrics:
             "Of those, the tokens the router predicted cached there", ["worker"], registry=r,
         )  # fmt: skip
 
+    def _declare_worker_gauges(self, r: CollectorRegistry) -> None:
+        """The router's view of each worker, per process."""
+        self.inflight = _process_gauge(
+            r, "pdserve_worker_inflight_requests", "Requests the router has in flight on a worker",
+            ["worker"],
+        )  # fmt: skip
+        self.circuit_open = _process_gauge(
+            r, "pdserve_worker_circuit_open",
+            "1 while a worker's circuit breaker is open or half-open (its failed requests took "
+            "it out of rotation and no trial has succeeded since), else 0; processes: the max",
+            ["worker"], "livemax",
+        )  # fmt: skip
+
     def _declare_process_gauges(self, r: CollectorRegistry) -> None:
         """What each process holds alone; several processes' values add up (or max)."""
-
-        def gauge(name: str, doc: str, labels: list[str], mode: str = "livesum") -> Gauge:
-            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)  # type: ignore[arg-type]
+        gauge = functools.partial(_process_gauge, r)
 
         self.window_tokens = gauge(
             "pdserve_window_tokens", "Tokens answered over metrics_window_s", ["model", "direction"]
@@ -469,17 +482,6 @@ class RouterMetrics:
         self.window_span = gauge("pdserve_window_span_seconds", "Seconds the windows cover "
                                  "(less than metrics_window_s while the router is young)", [],
                                  "livemax")  # fmt: skip
-        self.inflight = gauge(
-            "pdserve_worker_inflight_requests",
-            "Requests the router has in flight on a worker",
-            ["worker"],
-        )
-        self.circuit_open = gauge(
-            "pdserve_worker_circuit_open",
-            "1 while a worker's circuit breaker is open or half-open (its failed requests took "
-            "it out of rotation and no trial has succeeded since), else 0; processes: the max",
-            ["worker"], "livemax",
-        )  # fmt: skip
         self.queued_prefill = gauge(
             "pdserve_pool_queued_prefill_tokens",
             "Uncached prompt tokens the router has sent to the pool and not yet seen prefilled",
@@ -517,6 +519,12 @@ class RouterMetrics:
             "1 while the control state backend answers; 0 while the router serves on its last "
             "view (Redis down)", [], "livemin",
         )  # fmt: skip
+
+
+def _process_gauge(
+    r: CollectorRegistry, name: str, doc: str, labels: list[str], mode: str = "livesum"
+) -> Gauge:
+    return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)  # type: ignore[arg-type]
 
 
 def _remove(metric: Counter | Gauge, *labels: str) -> None:

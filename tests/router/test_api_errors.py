@@ -99,7 +99,7 @@ def test_dead_prefill_without_a_spare_is_a_clear_502(router):
     assert error["code"] == "prefill_failed"
     assert "p-dead" in error["message"]
     workers = router.admin("GET", "/admin/workers").json()["workers"]
-    assert {w["worker_id"]: w["healthy"] for w in workers}["p-dead"] is False
+    assert {w["worker_id"]: w["circuit"] for w in workers}["p-dead"] == "open"
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "x"}])
