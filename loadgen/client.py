@@ -30,6 +30,7 @@ class RequestResult:
     error: str | None = None
     # The router's admission forecast (its x-pdserve-predicted-ttft-ms header), if any.
     predicted_ttft_s: float | None = None
+    text: str = ""  # the answer's text, when asked to keep it
 
     @property
     def ok(self) -> bool:
@@ -43,9 +44,15 @@ class RequestResult:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    headers: dict[str, str] | None = None,
+    *,
+    keep_text: bool = False,
 ) -> RequestResult:
-    """POST a streamed completion or chat request and time it; never raises for HTTP errors."""
+    """POST a streamed completion or chat request and time it; never raises for HTTP errors.
+    ``keep_text``: also keep the answer's text (a fault test compares it)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult(started_s=time.perf_counter())
     last_s = result.started_s
@@ -80,6 +87,8 @@ async def stream_request(
                 now = time.perf_counter()
                 if _has_content(payload):
                     chunks += 1
+                    if keep_text:
+                        result.text += "".join(map(_text_of, payload["choices"]))
                     if result.ttft_s is None:
                         result.ttft_s = now - result.started_s
                     else:
@@ -96,6 +105,10 @@ async def stream_request(
     result.e2e_s = time.perf_counter() - result.started_s
     result.output_tokens = result.output_tokens or chunks
     return result
+
+
+def _text_of(choice: dict) -> str:
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
 def _has_content(chunk: dict) -> bool:

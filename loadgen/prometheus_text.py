@@ -11,7 +11,10 @@ Samples = list[tuple[str, dict[str, str], float]]
 
 def scrape(url: str, timeout_s: float = 30) -> Samples:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        text = response.read().decode()
+        return parse_text(response.read().decode())
+
+
+def parse_text(text: str) -> Samples:
     return [
         (sample.name, sample.labels, sample.value)
         for family in text_string_to_metric_families(text)

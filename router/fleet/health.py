@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from router.fleet.registry import WorkerRegistry
+from router.fleet.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger("pdserve.router")
 
@@ -22,11 +22,14 @@ async def probe_engines_forever(
     failures_to_eject: int,
     clock: Callable[[], float],
     on_forgotten: Callable[[str], None] = lambda worker_id: None,
+    on_ejected: Callable[[WorkerState], int] = lambda worker: 0,
 ) -> None:
     """Every ``interval_s``, GET each engine's /health and drop long-silent workers.
 
     One slow answer from a busy engine is not a death: a worker leaves rotation
-    only after ``failures_to_eject`` probes in a row fail.
+    only after ``failures_to_eject`` probes in a row fail, and then ``on_ejected``
+    fails the calls in flight on it and says how many (a hung engine's streams would
+    otherwise wait out the stream idle timeout; failed, they migrate).
     """
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     while True:
@@ -40,6 +43,8 @@ async def probe_engines_forever(
                     "passed its health probe" if healthy else
                     f"failed {failures_to_eject} health probes in a row",
                 )  # fmt: skip
+                if not healthy and (failed := on_ejected(worker)):
+                    log.warning("%d calls in flight on %s failed over", failed, worker.worker_id)
         for worker_id in registry.forget_silent(clock()):
             log.warning("worker %s forgotten after long silence", worker_id)
             on_forgotten(worker_id)

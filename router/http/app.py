@@ -310,6 +310,9 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
             failures_to_eject=settings.health.health_failures_to_eject,
             clock=parts.clock,
             on_forgotten=parts.forget_worker,
+            on_ejected=lambda worker: parts.upstream.engines.fail_calls_to(
+                worker.engine_url, f"{worker.worker_id} failed its health probes"
+            ),
         )
 
     def expire() -> Awaitable[None]:

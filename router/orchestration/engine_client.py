@@ -397,6 +397,16 @@ class EngineClient:
         for connection in list(self._open):
             connection.abort()
 
+    def fail_calls_to(self, engine_url: str, reason: str) -> int:
+        """Fail every call in flight to one engine, as if its connection broke (a worker
+        the router found dead: its streams migrate or end with an error event rather
+        than wait out the idle timeout); how many there were."""
+        address, _ = _request(engine_url, b"", None)
+        calls = [c for c in self._open if c.address == address and not c.closed]
+        for connection in calls:
+            connection._fail(StreamBroken(reason))
+        return len(calls)
+
     def _reusable(self, address: tuple[str, int]) -> EngineConnection | None:
         idle = self._idle.get(address)
         now_s = asyncio.get_running_loop().time()

@@ -202,11 +202,26 @@ def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
         set_faults(sim_cluster, "decode-0", transfer_failure_probability=0)
 
 
-def test_a_hung_decode_leaves_rotation_and_returns_when_it_recovers(sim_cluster):
-    eligible = lambda: sim_cluster.worker_status()["decode-1"]["eligible"]  # noqa: E731
-    assert set_faults(sim_cluster, "decode-1", hang=True).status_code == 200
+def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_recovers(
+    sim_cluster,
+):
+    """Its health probes fail, the router ejects it and fails the calls in flight on it:
+    the stream it served migrates within seconds instead of waiting out the 60 s stream
+    idle timeout (the issue's bound for a hang: 30 s)."""
+    body = {"model": MODEL, "prompt": "a stream on a decode that hangs", "max_tokens": 400,
+            "temperature": 0, "stream": True}  # fmt: skip
+    reference = generate(sim_cluster.router_url, "/v1/completions", body)
+    hung: list[str] = []
+
+    def hang_the_decode_at_chunk_20(so_far) -> None:
+        if so_far.chunks == 20:
+            hung.append(serving_decode(sim_cluster))
+            assert set_faults(sim_cluster, hung[0], hang=True).status_code == 200
+
     try:
-        wait_for(lambda: not eligible(), 30, "the router to eject the hung decode")
+        moved = generate(sim_cluster.router_url, "/v1/completions", body, timeout_s=30,
+                         on_chunk=hang_the_decode_at_chunk_20)  # fmt: skip
+        assert hung and not sim_cluster.worker_status()[hung[0]]["eligible"]
         statuses = {
             generate(sim_cluster.router_url, "/v1/completions",
                      {"model": MODEL, "prompt": f"h{i}", "max_tokens": 2}).status
@@ -214,8 +229,12 @@ def test_a_hung_decode_leaves_rotation_and_returns_when_it_recovers(sim_cluster)
         }  # fmt: skip
         assert statuses == {200}, "traffic avoids the hung decode"
     finally:
-        set_faults(sim_cluster, "decode-1", hang=False)
-    wait_for(eligible, 30, "the recovered decode to return")
+        for name in hung:
+            set_faults(sim_cluster, name, hang=False)
+    assert moved.done and moved.text == reference.text and len(moved.migrations) == 1
+    for name in hung:
+        wait_for(lambda n=name: sim_cluster.worker_status()[n]["eligible"], 30,
+                 "the recovered decode to return")  # fmt: skip
 
 
 def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(sim_cluster):

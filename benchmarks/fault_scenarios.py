@@ -1,0 +1,180 @@
+"""What each fault scenario of ``benchmarks.faults`` injects, and on which cluster.
+
+Each ``Scenario.inject`` does one injection and says in a few words what it did; the
+suite then waits for the cluster to recover. The worker hit is one serving a request
+at that moment when the scenario is about requests in flight (a kill mid-answer),
+else the next in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from loadgen.prometheus_text import parse_text, total
+from localrun.cluster import LocalCluster
+
+FAULT_WINDOW_S = 3.0  # how long a toggled fault (transfers, events, an empty pool) lasts
+
+
+class FaultTarget:
+    """The cluster under test, as the scenarios reach it."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.kv_baseline: dict[str, float] = {}
+        self._turns = itertools.count()
+
+    async def status(self) -> dict[str, dict]:
+        return await asyncio.to_thread(self.cluster.worker_status)
+
+    async def whole(self) -> bool:
+        """Every worker registered and in rotation."""
+        workers = await self.status()
+        return len(workers) == len(self.cluster.workers) and all(
+            w["eligible"] for w in workers.values()
+        )
+
+    def names(self, role: str) -> list[str]:
+        return [w.name for w in self.cluster.workers if w.role == role]
+
+    async def kv_usage(self) -> dict[str, float]:
+        """Each engine's own KV usage (0..1), from its /metrics."""
+        usage = {}
+        async with aiohttp.ClientSession() as session:
+            for worker in self.cluster.workers:
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(worker.engine_url + "/metrics") as response:
+                        text = await response.text()
+                    usage[worker.name] = total(parse_text(text), "vllm:kv_cache_usage_perc")
+        return usage
+
+    async def learn_kv_baseline(self) -> None:
+        self.kv_baseline = await self.kv_usage()
+
+    async def busy(self, role: str, within_s: float = 5.0) -> str:
+        """A worker of ``role`` with a request running, else the next in turn."""
+        names = self.names(role)
+        deadline = asyncio.get_running_loop().time() + within_s
+        async with aiohttp.ClientSession() as session:
+            while asyncio.get_running_loop().time() < deadline:
+                for name in names:
+                    url = self.cluster.worker(name).engine_url + "/metrics"
+                    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                        async with session.get(url) as response:
+                            running = total(parse_text(await response.text()),
+                                            "vllm:num_requests_running")  # fmt: skip
+                        if running > 0:
+                            return name
+                await asyncio.sleep(0.05)
+        return names[next(self._turns) % len(names)]
+
+    async def signal_engine(self, name: str, signum: signal.Signals) -> None:
+        pid = (await self.status())[name]["engine_pid"]
+        os.kill(pid, signum)
+
+    async def admin(self, method: str, path: str) -> dict:
+        return await asyncio.to_thread(self.cluster.admin, method, path)
+
+    async def sim_faults(self, name: str, **faults: object) -> None:
+        headers = {"Authorization": f"Bearer {self.cluster.engine_token}"}
+        url = self.cluster.worker(name).engine_url + "/sim/faults"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=faults, headers=headers) as response,
+        ):
+            response.raise_for_status()
+
+    async def ejected(self, name: str, within_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while asyncio.get_running_loop().time() < deadline:
+            if not (await self.status()).get(name, {}).get("eligible", True):
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+
+Inject = Callable[[FaultTarget], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    inject: Inject
+    engines: tuple[str, ...] = ("sim", "vllm")
+    gap_s: float = 1.0  # after the cluster recovered, before the next injection
+
+
+def _kill(role: str, signum: signal.Signals) -> Inject:
+    async def inject(target: FaultTarget) -> str:
+        name = await target.busy(role)
+        await target.signal_engine(name, signum)
+        return f"{signum.name} {name}"
+
+    return inject
+
+
+async def _hang_decode(target: FaultTarget) -> str:
+    name = await target.busy("decode")
+    await target.signal_engine(name, signal.SIGSTOP)
+    try:
+        ejected = await target.ejected(name, within_s=60)
+    finally:
+        await target.signal_engine(name, signal.SIGCONT)
+    return f"SIGSTOP {name} until {'ejected' if ejected else 'a 60 s limit'}, then SIGCONT"
+
+
+def _sim_fault(role: str, **faults: float) -> Inject:
+    async def inject(target: FaultTarget) -> str:
+        names = target.names(role)
+        for name in names:
+            await target.sim_faults(name, **faults)
+        await asyncio.sleep(FAULT_WINDOW_S)
+        for name in names:
+            await target.sim_faults(name, **dict.fromkeys(faults, 0.0))
+        return f"{faults} on {', '.join(names)} for {FAULT_WINDOW_S:.0f} s"
+
+    return inject
+
+
+def _empty_pool(role: str) -> Inject:
+    async def inject(target: FaultTarget) -> str:
+        names = target.names(role)
+        for name in names:
+            await target.admin("POST", f"/admin/v1/workers/{name}/drain")
+        await asyncio.sleep(FAULT_WINDOW_S)
+        for name in names:
+            await target.admin("POST", f"/admin/v1/workers/{name}/undrain")
+        return f"drained every {role} worker for {FAULT_WINDOW_S:.0f} s"
+
+    return inject
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("kill_prefill", "SIGKILL a prefill engine with a request on it (before or "
+                 "after its handoff)", _kill("prefill", signal.SIGKILL)),
+        Scenario("kill_decode", "SIGKILL a decode engine mid-stream",
+                 _kill("decode", signal.SIGKILL)),
+        Scenario("sigterm_decode", "SIGTERM a decode engine mid-stream (it aborts what runs)",
+                 _kill("decode", signal.SIGTERM)),
+        Scenario("hang_decode", "SIGSTOP a decode engine mid-stream until the router ejects "
+                 "it", _hang_decode),
+        Scenario("fail_kv_transfer", "every KV transfer to the decode workers fails",
+                 _sim_fault("decode", transfer_failure_probability=1.0), engines=("sim",)),
+        Scenario("kv_event_gap", "the prefill engines' KV events are dropped",
+                 _sim_fault("prefill", kv_event_drop_probability=1.0), engines=("sim",)),
+        Scenario("empty_prefill_pool", "every prefill worker drained",
+                 _empty_pool("prefill")),
+        Scenario("empty_decode_pool", "every decode worker drained", _empty_pool("decode")),
+    )
+}  # fmt: skip

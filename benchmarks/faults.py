@@ -1,0 +1,236 @@
+"""The fault matrix: each failure injected again and again under steady load, and what
+every client saw.
+
+Starts a P/D cluster (sims by default: ``--engine vllm`` for real engines on the tiny
+model) with the router's shipped settings, keeps ``--clients`` closed-loop clients
+streaming greedy completions whose answers were recorded before any fault, and runs
+each scenario ``--injections`` times (``benchmarks/fault_scenarios.py`` says what each
+injects). Every request started during a scenario is judged:
+
+- ``complete``: 200, ``[DONE]``, and the text recorded for its prompt;
+- ``error``: a clear error, an OpenAI error body or an SSE error event;
+- ``truncated``: a 200 whose text is cut or wrong without an error: never allowed;
+- ``hang``: no byte for 30 s: never allowed.
+
+Per injection: ``served_s`` (until a request sent after it completes) and ``whole_s``
+(until every worker is back in rotation). After each scenario the load stops and each
+engine's KV usage, read from its own ``/metrics`` (``vllm:kv_cache_usage_perc``), must
+fall back to its idle baseline: ``kv_settled_s`` says when it did.
+
+    python -m benchmarks.faults [--engine sim] [--injections 20] [--scenarios a,b]
+
+Writes ``faults.json``, ``faults.md`` and ``faults.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from benchmarks.fault_report import OUTCOMES, write_report
+from benchmarks.fault_scenarios import SCENARIOS, FaultTarget, Scenario
+from contracts.machine import machine_record
+from loadgen.client import RequestResult, stream_request
+from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.ports import free_ports
+from modelstore import tiny_llama
+
+HANG_S = 30.0  # the issue's bound: no byte for this long is a hang
+KV_SETTLE_LIMIT_S = 60.0
+PROMPTS = 12
+
+
+@dataclass
+class Load:
+    """Closed-loop clients streaming known prompts; every result, judged."""
+
+    url: str
+    references: dict[int, str]
+    bodies: dict[int, dict]
+    clients: int
+    results: list[tuple[int, RequestResult, str]] = field(default_factory=list)
+    running: bool = False
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.running = True
+        self._tasks = [asyncio.create_task(self._client(seed)) for seed in range(self.clients)]
+
+    async def stop(self) -> None:
+        self.running = False
+        await asyncio.gather(*self._tasks)
+
+    async def _client(self, seed: int) -> None:
+        rng = random.Random(seed)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=HANG_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while self.running:
+                prompt = rng.randrange(PROMPTS)
+                result = await stream_request(session, self.url, self.bodies[prompt],
+                                              keep_text=True)  # fmt: skip
+                self.results.append((prompt, result, judge(result, self.references[prompt])))
+
+    def served_since(self, at_s: float) -> bool:
+        return any(r.started_s >= at_s and outcome == "complete" for _, r, outcome in self.results)
+
+
+def judge(result: RequestResult, reference: str) -> str:
+    error = result.error or ""
+    if "TimeoutError" in error or "ServerTimeoutError" in error:
+        return "hang"
+    if result.status != 200 or error.startswith("stream error"):
+        return "error"
+    if error or result.text != reference:
+        return "truncated"
+    return "complete"
+
+
+async def references(url: str, bodies: dict[int, dict]) -> dict[int, str]:
+    """Each prompt's answer with nothing failing (greedy: the answer it must get)."""
+    async with aiohttp.ClientSession() as session:
+        answers = {}
+        for prompt, body in bodies.items():
+            result = await stream_request(session, url, body, keep_text=True)
+            if not result.ok:
+                raise RuntimeError(f"the reference answer failed: {result.error}")
+            answers[prompt] = result.text
+    return answers
+
+
+async def kv_settled_s(target: FaultTarget) -> dict[str, float]:
+    """Seconds until each engine's KV usage is back at its idle baseline (inf: not within
+    KV_SETTLE_LIMIT_S), read from the engines themselves."""
+    started = time.perf_counter()
+    settled: dict[str, float] = {}
+    while (
+        len(settled) < len(target.kv_baseline) and time.perf_counter() - started < KV_SETTLE_LIMIT_S
+    ):
+        for name, used in (await target.kv_usage()).items():
+            if name not in settled and used <= target.kv_baseline[name] + 1e-9:
+                settled[name] = round(time.perf_counter() - started, 2)
+        await asyncio.sleep(0.2)
+    return {name: settled.get(name, float("inf")) for name in target.kv_baseline}
+
+
+async def run_scenario(
+    scenario: Scenario, target: FaultTarget, load: Load, injections: int, t0: float
+) -> dict:
+    started_s = time.perf_counter()
+    load.start()
+    await asyncio.sleep(2.0)  # steady load before the first injection
+    record = []
+    for _ in range(injections):
+        injected_s = time.perf_counter()
+        what = await scenario.inject(target)
+        served_s = whole_s = None
+        while (served_s is None or whole_s is None) and time.perf_counter() - injected_s < 300:
+            now = time.perf_counter()
+            if served_s is None and load.served_since(injected_s):
+                served_s = now - injected_s
+            if whole_s is None and await target.whole():
+                whole_s = now - injected_s
+            await asyncio.sleep(0.1)
+        record.append({"at_s": round(injected_s - t0, 2), "what": what,
+                       "served_s": _rounded(served_s), "whole_s": _rounded(whole_s)})  # fmt: skip
+        await asyncio.sleep(scenario.gap_s)
+    await load.stop()
+    ended_s = time.perf_counter()
+    judged = [(r, o) for _, r, o in load.results if started_s <= r.started_s <= ended_s]
+    load.results.clear()
+    settled = await kv_settled_s(target)
+    return {
+        "scenario": scenario.name,
+        "what": scenario.description,
+        "injections": record,
+        "requests": len(judged),
+        "outcomes": {o: sum(1 for _, got in judged if got == o) for o in OUTCOMES},
+        "errors": dict(Counter((r.error or "")[:80] for r, o in judged if o != "complete")),
+        "kv_settled_s": settled,
+        "started_at_s": round(started_s - t0, 2),
+        "ended_at_s": round(ended_s - t0, 2),
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def plan_for(args: argparse.Namespace) -> ClusterPlan:
+    (port,) = free_ports(1)
+    return ClusterPlan(
+        model_path=tiny_llama.ensure(), served_name=tiny_llama.SERVED_NAME,
+        prefill=args.prefill, decode=args.decode, port=port, engine=args.engine,
+        run_dir=Path(tempfile.mkdtemp(prefix="pdserve-faults-")),
+        ready_timeout_s=600 if args.engine == "vllm" else 120, max_model_len=2048,
+    )  # fmt: skip
+
+
+async def measure(args: argparse.Namespace, cluster: LocalCluster) -> dict:
+    url = cluster.router_url + "/v1/completions"
+    rng = random.Random(args.seed)
+    bodies = {
+        i: {"model": tiny_llama.SERVED_NAME, "temperature": 0, "ignore_eos": True,
+            "prompt": f"fault matrix prompt {i}: " + "tell me a story " * rng.randint(4, 40),
+            "max_tokens": rng.randint(args.max_tokens // 4, args.max_tokens)}
+        for i in range(PROMPTS)
+    }  # fmt: skip
+    answers = await references(url, bodies)
+    target = FaultTarget(cluster)
+    await target.learn_kv_baseline()
+    load = Load(url, answers, bodies, args.clients)
+    t0 = time.perf_counter()
+    chosen = [SCENARIOS[name] for name in args.scenarios.split(",")] if args.scenarios else [
+        s for s in SCENARIOS.values() if args.engine in s.engines]  # fmt: skip
+    scenarios = []
+    for scenario in chosen:
+        print(f"{scenario.name}: {args.injections} injections", flush=True)
+        result = await run_scenario(scenario, target, load, args.injections, t0)
+        print(f"  {result['outcomes']}; KV settled {result['kv_settled_s']}", flush=True)
+        scenarios.append(result)
+    return {
+        "title": f"Faults under load ({args.engine}: {args.prefill}P + {args.decode}D)",
+        "machine": machine_record(),
+        "command": "python -m benchmarks.faults " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "clients": args.clients,
+        "scenarios": scenarios,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--prefill", type=int, default=2)
+    parser.add_argument("--decode", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--injections", type=int, default=20)
+    parser.add_argument("--scenarios", default="", help="names, comma-separated; default: all")
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    plan = plan_for(args)
+    cluster = LocalCluster(plan, say=lambda line: print("  " + line, flush=True))
+    try:
+        cluster.start()
+        report = asyncio.run(measure(args, cluster))
+    finally:
+        cluster.stop()
+    stem = "faults" if args.engine == "sim" else f"faults_{args.engine}"
+    write_report(report, args.out, stem)
+    bad = sum(s["outcomes"]["truncated"] + s["outcomes"]["hang"] for s in report["scenarios"])
+    print(f"wrote {args.out}/{stem}.json, .md and .png (logs: {plan.run_dir})")
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
