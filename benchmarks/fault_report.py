@@ -38,11 +38,12 @@ def markdown(report: dict) -> str:
         "Every request started during a scenario: complete (the recorded answer), error "
         "(a clear error), truncated (a 200 cut short or wrong: never allowed), hang (no byte "
         "for 30 s: never allowed). Served again: until a request sent after the injection "
-        "completed; whole: until every worker was back in rotation (median / worst). KV: "
+        "completed; whole: until every worker was back in rotation (median / worst). Longest "
+        "wait: the longest any client waited for its next token (or its first). KV: "
         "the slowest engine's return to its idle KV usage once the load stopped.", "",
         "| scenario | injections | requests | complete | error | truncated | hang "
-        "| served again (s) | whole (s) | KV back (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| longest wait (s) | served again (s) | whole (s) | KV back (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for s in report["scenarios"]:
         counts = s["outcomes"]
@@ -51,7 +52,7 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {s['scenario']} | {len(s['injections'])} | {s['requests']} | "
             + " | ".join(str(counts[o]) for o in OUTCOMES)
-            + f" | {_span(served)} | {_span(whole)} | {kv:g} |"
+            + f" | {s['worst_wait_s']} | {_span(served)} | {_span(whole)} | {kv:g} |"
         )
     lines += ["", "What each scenario injects:", ""]
     lines += [f"- `{s['scenario']}`: {s['what']}" for s in report["scenarios"]]

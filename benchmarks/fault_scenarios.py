@@ -36,10 +36,11 @@ class FaultTarget:
         return await asyncio.to_thread(self.cluster.worker_status)
 
     async def whole(self) -> bool:
-        """Every worker registered and in rotation."""
+        """Every worker registered, in rotation, with a live engine (the router may not
+        have noticed a killed one yet)."""
         workers = await self.status()
         return len(workers) == len(self.cluster.workers) and all(
-            w["eligible"] for w in workers.values()
+            w["eligible"] and _alive(w["engine_pid"]) for w in workers.values()
         )
 
     def names(self, role: str) -> list[str]:
@@ -76,9 +77,19 @@ class FaultTarget:
                 await asyncio.sleep(0.05)
         return names[next(self._turns) % len(names)]
 
-    async def signal_engine(self, name: str, signum: signal.Signals) -> None:
+    async def signal_engine(self, name: str, signum: signal.Signals) -> int:
         pid = (await self.status())[name]["engine_pid"]
         os.kill(pid, signum)
+        return pid
+
+    async def gone(self, pid: int, within_s: float = 60.0) -> bool:
+        """Wait for a signalled engine to be dead, so recovery is timed from its death."""
+        deadline = asyncio.get_running_loop().time() + within_s
+        while asyncio.get_running_loop().time() < deadline:
+            if not _alive(pid):
+                return True
+            await asyncio.sleep(0.02)
+        return False
 
     async def admin(self, method: str, path: str) -> dict:
         return await asyncio.to_thread(self.cluster.admin, method, path)
@@ -101,6 +112,15 @@ class FaultTarget:
         return False
 
 
+def _alive(pid: int | None) -> bool:
+    """A running process, not a zombie its agent has yet to reap."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 Inject = Callable[[FaultTarget], Awaitable[str]]
 
 
@@ -116,8 +136,8 @@ class Scenario:
 def _kill(role: str, signum: signal.Signals) -> Inject:
     async def inject(target: FaultTarget) -> str:
         name = await target.busy(role)
-        await target.signal_engine(name, signum)
-        return f"{signum.name} {name}"
+        died = await target.gone(await target.signal_engine(name, signum))
+        return f"{signum.name} {name}" + ("" if died else " (alive 60 s later)")
 
     return inject
 

@@ -13,7 +13,8 @@ injects). Every request started during a scenario is judged:
 - ``hang``: no byte for 30 s: never allowed.
 
 Per injection: ``served_s`` (until a request sent after it completes) and ``whole_s``
-(until every worker is back in rotation). After each scenario the load stops and each
+(until every worker is back in rotation); per scenario, the longest any client waited
+for its next token. After each scenario the load stops and each
 engine's KV usage, read from its own ``/metrics`` (``vllm:kv_cache_usage_perc``), must
 fall back to its idle baseline: ``kv_settled_s`` says when it did.
 
@@ -79,8 +80,6 @@ class Load:
                                               keep_text=True)  # fmt: skip
                 self.results.append((prompt, result, judge(result, self.references[prompt])))
 
-    def served_since(self, at_s: float) -> bool:
-        return any(r.started_s >= at_s and outcome == "complete" for _, r, outcome in self.results)
 
 
 def judge(result: RequestResult, reference: str) -> str:
@@ -131,21 +130,21 @@ async def run_scenario(
     for _ in range(injections):
         injected_s = time.perf_counter()
         what = await scenario.inject(target)
-        served_s = whole_s = None
-        while (served_s is None or whole_s is None) and time.perf_counter() - injected_s < 300:
-            now = time.perf_counter()
-            if served_s is None and load.served_since(injected_s):
-                served_s = now - injected_s
-            if whole_s is None and await target.whole():
-                whole_s = now - injected_s
+        whole_s = None
+        while whole_s is None and time.perf_counter() - injected_s < 300:
+            if await target.whole():
+                whole_s = time.perf_counter() - injected_s
             await asyncio.sleep(0.1)
-        record.append({"at_s": round(injected_s - t0, 2), "what": what,
-                       "served_s": _rounded(served_s), "whole_s": _rounded(whole_s)})  # fmt: skip
+        record.append({"injected_s": injected_s, "what": what, "whole_s": _rounded(whole_s)})
         await asyncio.sleep(scenario.gap_s)
     await load.stop()
     ended_s = time.perf_counter()
     judged = [(r, o) for _, r, o in load.results if started_s <= r.started_s <= ended_s]
     load.results.clear()
+    for injection in record:
+        injected_s = injection.pop("injected_s")
+        injection["at_s"] = round(injected_s - t0, 2)
+        injection["served_s"] = _rounded(served_after(judged, injected_s))
     settled = await kv_settled_s(target)
     return {
         "scenario": scenario.name,
@@ -153,11 +152,23 @@ async def run_scenario(
         "injections": record,
         "requests": len(judged),
         "outcomes": {o: sum(1 for _, got in judged if got == o) for o in OUTCOMES},
+        "worst_wait_s": _rounded(max((longest_wait(r) for r, _ in judged), default=None)),
         "errors": dict(Counter((r.error or "")[:80] for r, o in judged if o != "complete")),
         "kv_settled_s": settled,
         "started_at_s": round(started_s - t0, 2),
         "ended_at_s": round(ended_s - t0, 2),
     }
+
+
+def served_after(judged: list[tuple[RequestResult, str]], at_s: float) -> float | None:
+    """Until the first request sent after ``at_s`` completed with its recorded answer."""
+    ends = [r.started_s + r.e2e_s for r, o in judged if o == "complete" and r.started_s >= at_s]
+    return min(ends) - at_s if ends else None
+
+
+def longest_wait(result: RequestResult) -> float:
+    """The longest a client waited for its next token (its first included)."""
+    return max([result.ttft_s or 0.0, *result.itl_s])
 
 
 def _rounded(value: float | None) -> float | None:

@@ -28,10 +28,11 @@ def test_injections_that_never_recovered_are_counted_not_dropped():
         "machine": {"commit": "abc", "cpu_model": "cpu", "cores": 2},
         "scenarios": [{
             "scenario": "kill_decode", "what": "w", "requests": 5, "errors": {"HTTP 502": 1},
+            "worst_wait_s": 2.5,
             "outcomes": {"complete": 4, "error": 1, "truncated": 0, "hang": 0},
             "injections": [{"served_s": 1.0, "whole_s": None}], "kv_settled_s": {"d0": 0.4},
         }],
     }  # fmt: skip
     table = markdown(report)
-    assert "| kill_decode | 1 | 5 | 4 | 1 | 0 | 0 | 1.0 / 1.0 | - (1 never) | 0.4 |" in table
+    assert "| kill_decode | 1 | 5 | 4 | 1 | 0 | 0 | 2.5 | 1.0 / 1.0 | - (1 never) | 0.4 |" in table
     assert "1 x `HTTP 502`" in table
