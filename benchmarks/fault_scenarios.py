@@ -91,8 +91,8 @@ class FaultTarget:
             await asyncio.sleep(0.02)
         return False
 
-    async def admin(self, method: str, path: str) -> dict:
-        return await asyncio.to_thread(self.cluster.admin, method, path)
+    async def admin(self, method: str, path: str, payload: dict | None = None) -> dict:
+        return await asyncio.to_thread(self.cluster.admin, method, path, payload)
 
     async def sim_faults(self, name: str, **faults: object) -> None:
         headers = {"Authorization": f"Bearer {self.cluster.engine_token}"}
@@ -178,6 +178,23 @@ def _empty_pool(role: str) -> Inject:
     return inject
 
 
+async def _re_role(target: FaultTarget) -> str:
+    """Move one worker across the P:D line through the ratio API, and wait for it; the
+    next injection moves it back (an even count ends where it started)."""
+    model = target.cluster.plan.served_name
+    counts = (await target.admin("GET", "/admin/v1/pools"))["models"][model]["counts"]
+    start = (counts["prefill"], counts["decode"])
+    base = (target.cluster.plan.prefill, target.cluster.plan.decode)
+    want = (base[0] + 1, base[1] - 1) if start == base else base
+    change = {"prefill": want[0], "decode": want[1]}
+    operation = await target.admin("PUT", f"/admin/v1/pools/{model}", change)
+    status = {"status": "running"}
+    while status["status"] == "running":
+        await asyncio.sleep(0.25)
+        status = await target.admin("GET", operation["status_url"])
+    return f"P:D {start[0]}:{start[1]} -> {want[0]}:{want[1]}, {status['status']}"
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -196,5 +213,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("empty_prefill_pool", "every prefill worker drained",
                  _empty_pool("prefill")),
         Scenario("empty_decode_pool", "every decode worker drained", _empty_pool("decode")),
+        # Last: the workers' roles are not the plan's while it runs.
+        Scenario("re_role", "the ratio API moves a decode worker to prefill, or back",
+                 _re_role),
     )
 }  # fmt: skip

@@ -81,7 +81,6 @@ class Load:
                 self.results.append((prompt, result, judge(result, self.references[prompt])))
 
 
-
 def judge(result: RequestResult, reference: str) -> str:
     error = result.error or ""
     if "TimeoutError" in error or "ServerTimeoutError" in error:
