@@ -203,6 +203,19 @@ async def test_a_silent_engine_is_failed_after_the_idle_timeout_and_aborted():
         await asyncio.wait_for(setup.engine.aborted.wait(), 5)
 
 
+async def test_failing_the_calls_to_an_engine_ends_its_streams_now_not_at_the_idle_timeout():
+    """What the router does when a worker's health probes eject it (a hung engine)."""
+    async with engine_and_router(idle_timeout_s=60) as setup:
+        reading = asyncio.ensure_future(read_chunks(setup.url + "?n=2&hang=1"))
+        await until(lambda: setup.engine.written == 2, 5, "the stream to start")
+        assert setup.engines.fail_calls_to(setup.engine_url, "ejected") == 1
+        body = b"".join(await asyncio.wait_for(reading, 5))
+        error = json.loads(body.split(b"event: error\ndata: ")[1])
+        assert error["error"]["code"] == "stream_broken"
+        await asyncio.wait_for(setup.engine.aborted.wait(), 5)
+        assert setup.engines.fail_calls_to(setup.engine_url, "ejected") == 0
+
+
 async def test_a_client_that_leaves_mid_stream_aborts_the_engine_request():
     async with engine_and_router() as setup:
         async with aiohttp.ClientSession() as client:

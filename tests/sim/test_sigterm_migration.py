@@ -47,8 +47,9 @@ def stop_decode(cluster: LocalCluster, name: str) -> None:
     cluster.agents[name].send_signal(signal.SIGTERM)
 
 
-def test_a_stream_longer_than_the_drain_moves_to_another_decode_unchanged(cluster, uninterrupted):
-    body = {**LONG, "stream": True, "stream_options": {"include_usage": True}}
+def stream_and_stop_its_decode_at_chunk_50(cluster: LocalCluster, body: dict) -> Generation:
+    """Stream ``body``; SIGTERM the decode serving it at the 50th chunk; what the client
+    got, once that agent has stopped."""
     stopped: list[str] = []
 
     def stop_the_decode_at_chunk_50(so_far: Generation) -> None:
@@ -60,6 +61,12 @@ def test_a_stream_longer_than_the_drain_moves_to_another_decode_unchanged(cluste
                      on_chunk=stop_the_decode_at_chunk_50)  # fmt: skip
     assert stopped and cluster.agents[stopped[0]].wait(timeout=30) == 0
     assert moved.done and not moved.error_events, moved.error_events
+    return moved
+
+
+def test_a_stream_longer_than_the_drain_moves_to_another_decode_unchanged(cluster, uninterrupted):
+    body = {**LONG, "stream": True, "stream_options": {"include_usage": True}}
+    moved = stream_and_stop_its_decode_at_chunk_50(cluster, body)
     assert moved.text == uninterrupted.text and moved.usage == uninterrupted.usage
     migrated = total(scrape(cluster.router_url + "/metrics"), "pdserve_stream_migrations_total",
                      outcome="migrated")  # fmt: skip
@@ -68,17 +75,7 @@ def test_a_stream_longer_than_the_drain_moves_to_another_decode_unchanged(cluste
 
 def test_with_inexact_migration_on_an_unseeded_stream_moves_and_says_so(cluster, uninterrupted):
     body = {**LONG, "temperature": 0.9, "stream": True, "stream_options": {"include_usage": True}}
-    stopped: list[str] = []
-
-    def stop_the_decode_at_chunk_50(so_far: Generation) -> None:
-        if so_far.chunks == 50:
-            stopped.append(serving_decode(cluster))
-            stop_decode(cluster, stopped[0])
-
-    moved = generate(cluster.router_url, "/v1/completions", body,
-                     on_chunk=stop_the_decode_at_chunk_50)  # fmt: skip
-    assert stopped and cluster.agents[stopped[0]].wait(timeout=30) == 0
-    assert moved.done and not moved.error_events, moved.error_events
+    moved = stream_and_stop_its_decode_at_chunk_50(cluster, body)
     assert moved.usage == uninterrupted.usage and len(moved.response_ids) == 1
     assert moved.migrations == [{"exact": False, "tokens_before": moved.chunks_before_migration}]
     # The sim's sampling is a function of its context, so even a sampled continuation is
