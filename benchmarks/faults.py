@@ -185,6 +185,7 @@ def plan_for(args: argparse.Namespace) -> ClusterPlan:
 
 
 async def measure(args: argparse.Namespace, cluster: LocalCluster) -> dict:
+    machine = machine_record()  # the commit the run started on, not the one it ends on
     url = cluster.router_url + "/v1/completions"
     rng = random.Random(args.seed)
     bodies = {
@@ -208,7 +209,7 @@ async def measure(args: argparse.Namespace, cluster: LocalCluster) -> dict:
         scenarios.append(result)
     return {
         "title": f"Faults under load ({args.engine}: {args.prefill}P + {args.decode}D)",
-        "machine": machine_record(),
+        "machine": machine,
         "command": "python -m benchmarks.faults " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "clients": args.clients,
