@@ -1,21 +1,13 @@
-"""The fault matrix as files: the JSON as measured, a Markdown table, and a picture."""
+"""The fault matrix as a reader sees it: a Markdown table and a picture."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 OUTCOMES = ("complete", "error", "truncated", "hang")
 _COLORS = {"complete": "tab:green", "error": "tab:orange", "truncated": "tab:red",
            "hang": "black"}  # fmt: skip
-
-
-def write_report(report: dict, out: Path, stem: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{stem}.md").write_text(markdown(report))
-    plot(report, out / f"{stem}.png")
 
 
 def recovery(scenario: dict, key: str) -> tuple[float | None, float | None, int]:

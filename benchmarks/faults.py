@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.fault_report import OUTCOMES, write_report
+from benchmarks.fault_report import OUTCOMES, markdown, plot
 from benchmarks.fault_scenarios import SCENARIOS, FaultTarget, Scenario
 from contracts.machine import machine_record
 from loadgen.client import RequestResult, stream_request
@@ -237,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.stop()
     stem = "faults" if args.engine == "sim" else f"faults_{args.engine}"
-    write_report(report, args.out, stem)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    plot(report, args.out / f"{stem}.png")
     bad = sum(s["outcomes"]["truncated"] + s["outcomes"]["hang"] for s in report["scenarios"])
     print(f"wrote {args.out}/{stem}.json, .md and .png (logs: {plan.run_dir})")
     return 0 if bad == 0 else 1

@@ -302,18 +302,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     settings = parts.settings
 
     def probe() -> Awaitable[None]:
-        return probe_engines_forever(
-            parts.registry,
-            lambda: parts.upstream.session,
-            interval_s=settings.health.health_interval_s,
-            timeout_s=settings.health.health_timeout_s,
-            failures_to_eject=settings.health.health_failures_to_eject,
-            clock=parts.clock,
-            on_forgotten=parts.forget_worker,
-            on_ejected=lambda worker: parts.upstream.engines.fail_calls_to(
-                worker.engine_url, f"{worker.worker_id} failed its health probes"
-            ),
-        )
+        return _probe_forever(parts)
 
     def expire() -> Awaitable[None]:
         return _expire_forever(parts.prefixes, settings.index.prefix_expire_interval_s)
@@ -361,6 +350,22 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
             await parts.upstream.close()
 
     return lifespan
+
+
+def _probe_forever(parts: RouterParts) -> Awaitable[None]:
+    health = parts.settings.health
+    return probe_engines_forever(
+        parts.registry,
+        lambda: parts.upstream.session,
+        interval_s=health.health_interval_s,
+        timeout_s=health.health_timeout_s,
+        failures_to_eject=health.health_failures_to_eject,
+        clock=parts.clock,
+        on_forgotten=parts.forget_worker,
+        on_ejected=lambda worker: parts.upstream.engines.fail_calls_to(
+            worker.engine_url, f"{worker.worker_id} failed its health probes"
+        ),
+    )
 
 
 async def _expire_forever(prefixes: PrefixTracker, interval_s: float) -> None:

@@ -237,6 +237,7 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
                  "the recovered decode to return")  # fmt: skip
 
 
+@pytest.mark.slow  # 15 s of the fast tier; the lease case below (past its lease) stays fast
 def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(sim_cluster):
     """Past the producer's lease the blocks may be reused: the router must not relay output.
 
@@ -336,8 +337,9 @@ def migrations(cluster, outcome: str) -> float:
 @pytest.mark.parametrize(
     ("path", "sampling"),
     [(COMPLETIONS, {"temperature": 0}), (CHAT, {"temperature": 0}),
-     (CHAT, {"temperature": 0.8, "seed": 7, "return_token_ids": True}),
-     # The fast tier's 2 minutes: the chat cases above cover token ids and seeds.
+     # The fast tier's 2 minutes: the cases above cover both endpoints, greedy.
+     pytest.param(CHAT, {"temperature": 0.8, "seed": 7, "return_token_ids": True},
+                  marks=pytest.mark.slow),
      pytest.param(COMPLETIONS, {"temperature": 0, "return_token_ids": True},
                   marks=pytest.mark.slow),
      pytest.param(COMPLETIONS, {"temperature": 0.8, "seed": 7}, marks=pytest.mark.slow)],
