@@ -237,7 +237,7 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
                  "the recovered decode to return")  # fmt: skip
 
 
-@pytest.mark.slow  # 15 s of the fast tier; the lease case below (past its lease) stays fast
+@pytest.mark.slow  # 15 s of the fast tier; the engine-level lease test above stays fast
 def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(sim_cluster):
     """Past the producer's lease the blocks may be reused: the router must not relay output.
 
