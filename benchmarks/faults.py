@@ -12,6 +12,9 @@ injects). Every request started during a scenario is judged:
 - ``truncated``: a 200 whose text is cut or wrong without an error: never allowed;
 - ``hang``: no byte for 30 s: never allowed.
 
+A client waits ``BACKOFF_S`` after a 429 or 503 (as OpenAI's SDKs back off), so an
+outage counts about one error a second per client, not one per round trip.
+
 Per injection: ``served_s`` (until a request sent after it completes) and ``whole_s``
 (until every worker is back in rotation); per scenario, the longest any client waited
 for its next token. After each scenario the load stops and each
@@ -48,6 +51,7 @@ from modelstore import tiny_llama
 
 HANG_S = 30.0  # the bound: no byte for this long is a hang
 KV_SETTLE_LIMIT_S = 60.0
+BACKOFF_S = 1.0  # a client's wait after a 429 or 503 before its next request
 PROMPTS = 12
 
 
@@ -80,6 +84,8 @@ class Load:
                 result = await stream_request(session, self.url, self.bodies[prompt],
                                               keep_text=True)  # fmt: skip
                 self.results.append((prompt, result, judge(result, self.references[prompt])))
+                if result.status in (429, 503):  # back off, as OpenAI's SDKs do
+                    await asyncio.sleep(BACKOFF_S)
 
 
 def judge(result: RequestResult, reference: str) -> str:

@@ -504,6 +504,10 @@ class Orchestrator:
         with it (see ``migration.py``), or None and the client gets the error event."""
         seat.ticket.end()
         if isinstance(error, APIError):  # the router's verdict on a continuation, not a worker's
+            # A diverged continuation is no failure of the worker that computed it: its
+            # circuit must not open (seen on real vLLM: with the decode pool down, that
+            # left the model no worker for circuit_open_s).
+            seat.failed = True
             return None
         self._worker_failed(seat.worker, "stream_broken", at_once=True)
         seat.failed = True
@@ -603,7 +607,7 @@ class _Seat:
 
     worker: WorkerState
     ticket: Ticket
-    failed: bool = False  # the worker was already counted as failed by the migration
+    failed: bool = False  # the stream's failure is accounted for: counted, or not the worker's
 
 
 def _engine_payload(
