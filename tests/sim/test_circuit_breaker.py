@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from loadgen.prometheus_text import scrape, total
 from tests.clusters import MODEL
 from tests.conditions import wait_for
@@ -32,6 +34,7 @@ def routed_to_wedged(cluster) -> float:
                  worker=WEDGED)  # fmt: skip
 
 
+@pytest.mark.slow  # 8 s of the fast tier; tests/unit/test_circuit_breaker.py covers the states
 def test_a_worker_failing_every_request_is_held_out_by_its_circuit_until_a_trial_passes(
     sim_cluster,
 ):
