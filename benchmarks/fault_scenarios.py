@@ -51,10 +51,9 @@ class FaultTarget:
         usage = {}
         async with aiohttp.ClientSession() as session:
             for worker in self.cluster.workers:
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(worker.engine_url + "/metrics") as response:
-                        text = await response.text()
-                    usage[worker.name] = total(parse_text(text), "vllm:kv_cache_usage_perc")
+                used = await _engine_gauge(session, worker.engine_url, "vllm:kv_cache_usage_perc")
+                if used is not None:
+                    usage[worker.name] = used
         return usage
 
     async def learn_kv_baseline(self) -> None:
@@ -67,13 +66,9 @@ class FaultTarget:
         async with aiohttp.ClientSession() as session:
             while asyncio.get_running_loop().time() < deadline:
                 for name in names:
-                    url = self.cluster.worker(name).engine_url + "/metrics"
-                    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                        async with session.get(url) as response:
-                            running = total(parse_text(await response.text()),
-                                            "vllm:num_requests_running")  # fmt: skip
-                        if running > 0:
-                            return name
+                    url = self.cluster.worker(name).engine_url
+                    if (await _engine_gauge(session, url, "vllm:num_requests_running") or 0) > 0:
+                        return name
                 await asyncio.sleep(0.05)
         return names[next(self._turns) % len(names)]
 
@@ -110,6 +105,14 @@ class FaultTarget:
                 return True
             await asyncio.sleep(0.2)
         return False
+
+
+async def _engine_gauge(session: aiohttp.ClientSession, engine_url: str, name: str) -> float | None:
+    """One of an engine's own metrics, or None when its /metrics cannot be read."""
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with session.get(engine_url + "/metrics") as response:
+            return total(parse_text(await response.text()), name)
+    return None
 
 
 def _alive(pid: int | None) -> bool:

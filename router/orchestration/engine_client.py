@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httptools
 
@@ -401,7 +401,9 @@ class EngineClient:
         """Fail every call in flight to one engine, as if its connection broke (a worker
         the router found dead: its streams migrate or end with an error event rather
         than wait out the idle timeout); how many there were."""
-        address, _ = _request(engine_url, b"", None)
+        address = _address(urlsplit(engine_url))
+        for idle in self._idle.pop(address, []):  # a hung engine's: reused, they would hang
+            idle.abort()
         calls = [c for c in self._open if c.address == address and not c.closed]
         for connection in calls:
             connection._fail(StreamBroken(reason))
@@ -458,9 +460,7 @@ class EngineClient:
 
 def _request(url: str, body: bytes, request_id: str | None) -> tuple[tuple[str, int], bytes]:
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname is None:
-        raise EngineUnreachable(f"{url}: streamed calls speak plain http only")
-    port = parts.port or 80
+    address = _address(parts)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     head = (
         f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
@@ -468,4 +468,10 @@ def _request(url: str, body: bytes, request_id: str | None) -> tuple[tuple[str, 
     )
     if request_id is not None:
         head += f"{REQUEST_ID_HEADER}: {request_id}\r\n"
-    return (parts.hostname, port), head.encode("latin-1") + b"\r\n" + body
+    return address, head.encode("latin-1") + b"\r\n" + body
+
+
+def _address(parts: SplitResult) -> tuple[str, int]:
+    if parts.scheme != "http" or parts.hostname is None:
+        raise EngineUnreachable(f"{parts.geturl()}: streamed calls speak plain http only")
+    return parts.hostname, parts.port or 80

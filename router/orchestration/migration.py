@@ -53,7 +53,7 @@ _NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "stop", "best_of", "resp
 # A chat's fields that a completion of its templated prompt does without.
 _CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template",
               "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
-              "documents", "max_completion_tokens")  # fmt: skip
+              "documents")  # fmt: skip
 MIGRATION_FIELD = "pdserve_migration"
 
 
