@@ -38,6 +38,9 @@ def test_the_prefill_curve_keeps_a_jump_and_drops_noise_dips():
                                               (1536, 41.0))  # fmt: skip
 
 
+# Slow tier: the shipped 3 repeats a length (a median) take 27 s; one alone, the fast
+# tier's old setting, let a single noisy sample on a busy box fail the fit (2 of ~13 runs).
+@pytest.mark.slow
 async def test_calibrating_a_sim_recovers_its_profile():
     base = load_profile("tiny-cpu")
     # Slow enough that scheduling noise on a busy 2-core box stays small beside it.
@@ -54,7 +57,7 @@ async def test_calibrating_a_sim_recovers_its_profile():
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         sweep = await measure_sweep(
-            f"http://127.0.0.1:{port}", "m", repeats=1, say=lambda _: None,
+            f"http://127.0.0.1:{port}", "m", say=lambda _: None,
             vocab_size=load_tokenizer(model_dir).vocab_size,
         )  # fmt: skip
     finally:
