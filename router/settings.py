@@ -254,6 +254,28 @@ class HealthSettings(_Group):
         description="Consecutive failed probes before a worker leaves rotation. "
         "Failed requests take it out through its circuit breaker (circuit_*).",
     )
+    stall_check_after_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="A stream whose engine sent nothing this long gets that engine probed "
+        "at once (0: off). Decode steps take tens of ms; a second of silence is rare.",
+    )
+    stall_check_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        le=30,
+        description="One stall probe's limit. vLLM's API server answers /health without "
+        "its engine core, so a busy engine still answers in milliseconds.",
+    )
+    stall_check_failures: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description="Stall probes failed in a row that eject a worker whose stream went "
+        "silent: a hung engine leaves rotation, and its streams migrate, in about "
+        "stall_check_after_s + this x stall_check_timeout_s.",
+    )
     circuit_failures_to_open: int = Field(
         3,
         ge=1,

@@ -94,7 +94,6 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         kv_lease_s=6,  # the shortest NixlConnector allows: the lease test waits it out
         router_env={
             "PDSERVE_HEALTH_INTERVAL_S": "0.5",
-            "PDSERVE_HEALTH_TIMEOUT_S": "1",  # so the hang test ejects in seconds
             "PDSERVE_CIRCUIT_OPEN_S": "3",  # so the circuit test sees a trial in seconds
             "PDSERVE_KV_LEASE_S": "6",
             "PDSERVE_PREFIX_SPECULATIVE_TTL_S": "1",  # the fallback test waits it out

@@ -21,9 +21,9 @@ from router.admission.tenants import Tenants
 from router.admission.ttft_predictor import TTFTPredictor
 from router.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound
 from router.fleet.background import keep_running
-from router.fleet.health import probe_engines_forever
+from router.fleet.health import StallCheck, probe_engines_forever
 from router.fleet.pool_control import PoolController
-from router.fleet.registry import WorkerRegistry
+from router.fleet.registry import WorkerRegistry, WorkerState
 from router.fleet.state_sync import StateSync
 from router.fleet.worker_networks import WorkerNetworks
 from router.http.access import body_components, guarded, openapi_extra
@@ -40,6 +40,7 @@ from router.observability.metric_views import (
 )
 from router.observability.metrics import RouterMetrics
 from router.observability.windows import SlidingSums
+from router.orchestration.engine_client import engine_address
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
 from router.orchestration.orchestrate import Orchestrator
 from router.orchestration.pipeline import RequestPipeline
@@ -323,6 +324,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
+        stalls = _watch_stalls(parts)
         stop_watching_gc = watch_gc_pauses(parts.metrics.gc_pause)
         crashed = parts.metrics.background_restarts.labels
         tasks = [
@@ -340,6 +342,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
             yield
         finally:
             stop_watching_gc()
+            await stalls.close()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -362,10 +365,30 @@ def _probe_forever(parts: RouterParts) -> Awaitable[None]:
         failures_to_eject=health.health_failures_to_eject,
         clock=parts.clock,
         on_forgotten=parts.forget_worker,
-        on_ejected=lambda worker: parts.upstream.engines.fail_calls_to(
-            worker.engine_url, f"{worker.worker_id} failed its health probes"
-        ),
+        on_ejected=lambda worker: _fail_calls_to(parts, worker, "its health probes"),
     )
+
+
+def _watch_stalls(parts: RouterParts) -> StallCheck:
+    """Silent streams get their engine probed at once (``health.py``)."""
+    health = parts.settings.health
+    checked = parts.metrics.stall_checks.labels
+    stalls = StallCheck(
+        parts.registry,
+        lambda: parts.upstream.session,
+        engine_address,
+        timeout_s=health.stall_check_timeout_s,
+        failures=health.stall_check_failures,
+        on_ejected=lambda worker: _fail_calls_to(parts, worker, "its stall probes"),
+        on_checked=lambda hung: checked("hung" if hung else "alive").inc(),
+    )
+    parts.upstream.engines.watch_stalls(health.stall_check_after_s, stalls.suspect)
+    return stalls
+
+
+def _fail_calls_to(parts: RouterParts, worker: WorkerState, probes: str) -> int:
+    reason = f"{worker.worker_id} failed {probes}"
+    return parts.upstream.engines.fail_calls_to(worker.engine_url, reason)
 
 
 async def _expire_forever(prefixes: PrefixTracker, interval_s: float) -> None:

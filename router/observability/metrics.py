@@ -441,6 +441,13 @@ class RouterMetrics:
             "Times a worker's circuit breaker opened (circuit_failures_to_open failed requests "
             "in a row, an unreachable engine, or a failed trial)", ["worker"], registry=r,
         )  # fmt: skip
+        self.stall_checks = Counter(
+            "pdserve_stall_checks",
+            "Engines probed at once because a stream on them went silent "
+            "(stall_check_after_s), by outcome: alive (it answered /health: slow, not hung) "
+            "or hung (stall_check_failures probes failed: ejected, its streams failed over)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.routed_requests = Counter(
             "pdserve_routed_requests", "Requests sent to each worker (retries included)",
             ["worker", "role"], registry=r,

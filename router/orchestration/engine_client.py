@@ -23,6 +23,9 @@ Invariants:
 - A stream silent for ``idle_timeout_s`` fails with ``StreamIdle``; one paused that
   long because its reader took nothing fails with ``StreamBroken``. Closing the
   connection (``abort``) is what makes vLLM abort the request and free its KV blocks.
+- A stream whose engine has been silent for ``stall_after_s`` (not one paused by its
+  reader) is reported to ``on_stall`` once per silence, with the engine's address: a hung
+  engine is suspected in a second, not after its health probes' slow majority vote.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ _END_GRACE_S = 2.0  # after [DONE], how long the rest of the answer may take to 
 
 Sink = Callable[[bytes], bool]  # takes answer bytes; False asks to pause reading
 Ended = Callable[["BaseException | None"], None]  # None: the answer ended cleanly
+StallReport = Callable[[tuple[str, int]], None]  # an engine's address
 
 
 class StreamIdle(Exception):
@@ -87,6 +91,7 @@ class EngineConnection(asyncio.Protocol):
         self._done_with = False  # the consumer has what it wanted
         self._idle_timeout_s = 0.0
         self._last_data_s = 0.0
+        self._stall_told_s = -1.0  # the _last_data_s of the silence last reported
         self._timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------
@@ -188,7 +193,7 @@ class EngineConnection(asyncio.Protocol):
 
     def watch_idle(self, idle_timeout_s: float) -> None:
         self._idle_timeout_s = idle_timeout_s
-        self._timer = self._loop.call_later(idle_timeout_s, self._check_idle)
+        self._timer = self._loop.call_later(self._next_check_s(0.0), self._check_idle)
 
     async def read(self) -> bytes:
         """The answer's next bytes; ``b""`` once it ended cleanly."""
@@ -283,18 +288,39 @@ class EngineConnection(asyncio.Protocol):
 
     def _check_idle(self) -> None:
         """The engine silent, or the reader (a client) taking nothing, for the idle
-        timeout: either way the stream is failed and the engine's request aborted."""
+        timeout: either way the stream is failed and the engine's request aborted.
+        An engine silent for the pool's stall time is reported first, once per silence."""
         self._timer = None
         if self._ended or self._error is not None or self.closed:
             return
         # While paused, _last_data_s is when reading paused: the reader's silence counts.
         silent_s = self._loop.time() - self._last_data_s
+        stall_after_s = self._pool.stall_after_s
+        if (
+            stall_after_s
+            and not self._paused
+            and silent_s >= stall_after_s
+            and self._stall_told_s != self._last_data_s
+        ):
+            self._stall_told_s = self._last_data_s
+            self._pool.stalled(self.address)
         if silent_s < self._idle_timeout_s:
-            self._timer = self._loop.call_later(self._idle_timeout_s - silent_s, self._check_idle)
+            self._timer = self._loop.call_later(self._next_check_s(silent_s), self._check_idle)
         elif self._paused:
             self._fail(StreamBroken(f"the reader took nothing for {silent_s:.1f} s"))
         else:
             self._fail(StreamIdle(f"engine silent for {silent_s:.1f} s mid-stream"))
+
+    def _next_check_s(self, silent_s: float) -> float:
+        """Seconds to the next deadline of this silence: the stall report (if not made
+        yet), else the idle timeout."""
+        to_idle_s = self._idle_timeout_s - silent_s
+        stall_after_s = self._pool.stall_after_s
+        if not stall_after_s or self._stall_told_s == self._last_data_s:
+            return to_idle_s
+        # The stream was not silent all along: the next stall is stall_after_s from the
+        # last byte, which is at most stall_after_s from now.
+        return min(to_idle_s, max(stall_after_s - silent_s, 0.0) or stall_after_s)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -314,6 +340,8 @@ class EngineClient:
     """Calls engines over pooled keep-alive connections: streamed or read whole."""
 
     def __init__(self, *, pool_size: int, connect_timeout_s: float, keepalive_s: float) -> None:
+        self.stall_after_s = 0.0  # 0: no stall reports (``watch_stalls``)
+        self._on_stall: StallReport = lambda address: None
         self._pool_size = pool_size
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
@@ -378,6 +406,14 @@ class EngineClient:
             return connection, first
         raise EngineUnreachable(f"{url}: connection closed unanswered twice")
 
+    def watch_stalls(self, after_s: float, on_stall: StallReport) -> None:
+        """Tell ``on_stall`` of each stream whose engine has sent nothing for ``after_s``
+        (0: never)."""
+        self.stall_after_s, self._on_stall = after_s, on_stall
+
+    def stalled(self, address: tuple[str, int]) -> None:
+        self._on_stall(address)
+
     def keep(self, connection: EngineConnection) -> None:
         connection.reused = True
         connection.idle_since_s = asyncio.get_running_loop().time()
@@ -401,7 +437,7 @@ class EngineClient:
         """Fail every call in flight to one engine, as if its connection broke (a worker
         the router found dead: its streams migrate or end with an error event rather
         than wait out the idle timeout); how many there were."""
-        address = _address(urlsplit(engine_url))
+        address = engine_address(engine_url)
         for idle in self._idle.pop(address, []):  # a hung engine's: reused, they would hang
             idle.abort()
         calls = [c for c in self._open if c.address == address and not c.closed]
@@ -469,6 +505,11 @@ def _request(url: str, body: bytes, request_id: str | None) -> tuple[tuple[str, 
     if request_id is not None:
         head += f"{REQUEST_ID_HEADER}: {request_id}\r\n"
     return address, head.encode("latin-1") + b"\r\n" + body
+
+
+def engine_address(engine_url: str) -> tuple[str, int]:
+    """The (host, port) the calls to an engine go to, as ``on_stall`` reports it."""
+    return _address(urlsplit(engine_url))
 
 
 def _address(parts: SplitResult) -> tuple[str, int]:

@@ -216,6 +216,24 @@ async def test_failing_the_calls_to_an_engine_ends_its_streams_now_not_at_the_id
         assert setup.engines.fail_calls_to(setup.engine_url, "ejected") == 0
 
 
+async def test_a_stream_silent_past_the_stall_time_is_reported_once_per_silence():
+    """The router's fast hang check starts here (``health.StallCheck``): a silence is
+    told once, with the engine's address, and a stream that keeps talking is never told."""
+    async with engine_and_router(idle_timeout_s=60) as setup:
+        told: list[tuple[str, int]] = []
+        setup.engines.watch_stalls(0.2, told.append)
+        await read_chunks(setup.url + "?n=30&gap_ms=20")  # 20 ms between events: never
+        assert told == []
+        reading = asyncio.ensure_future(read_chunks(setup.url + "?n=2&hang=1"))
+        await until(lambda: len(told) == 1, 5, "the silence to be told")
+        port = int(setup.engine_url.rsplit(":", 1)[1])
+        assert told == [("127.0.0.1", port)]
+        await asyncio.sleep(0.5)  # more than twice the stall time: still the same silence
+        assert len(told) == 1
+        setup.engines.fail_calls_to(setup.engine_url, "ejected")
+        await asyncio.wait_for(reading, 5)
+
+
 async def test_a_client_that_leaves_mid_stream_aborts_the_engine_request():
     async with engine_and_router() as setup:
         async with aiohttp.ClientSession() as client:

@@ -202,16 +202,23 @@ def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
         set_faults(sim_cluster, "decode-0", transfer_failure_probability=0)
 
 
+def stall_checks(cluster, outcome: str) -> float:
+    return total(scrape(cluster.router_url + "/metrics"), "pdserve_stall_checks_total",
+                 outcome=outcome)  # fmt: skip
+
+
 def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_recovers(
     sim_cluster,
 ):
-    """Its health probes fail, the router ejects it and fails the calls in flight on it:
-    the stream it served migrates within seconds instead of waiting out the 60 s stream
-    idle timeout (the issue's bound for a hang: 30 s)."""
+    """Its stream goes silent, the router probes it at once, finds it hung, ejects it and
+    fails the calls in flight on it: the stream migrates within seconds. The client's
+    10 s read timeout is under what the periodic probes alone take with the shipped
+    settings (3 failures x (5 s timeout + interval)): this passes by the stall check."""
     body = {"model": MODEL, "prompt": "a stream on a decode that hangs", "max_tokens": 400,
             "temperature": 0, "stream": True}  # fmt: skip
     reference = generate(sim_cluster.router_url, "/v1/completions", body)
     hung: list[str] = []
+    found_hung = stall_checks(sim_cluster, "hung")
 
     def hang_the_decode_at_chunk_20(so_far) -> None:
         if so_far.chunks == 20:
@@ -219,9 +226,10 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
             assert set_faults(sim_cluster, hung[0], hang=True).status_code == 200
 
     try:
-        moved = generate(sim_cluster.router_url, "/v1/completions", body, timeout_s=30,
+        moved = generate(sim_cluster.router_url, "/v1/completions", body, timeout_s=10,
                          on_chunk=hang_the_decode_at_chunk_20)  # fmt: skip
         assert hung and not sim_cluster.worker_status()[hung[0]]["eligible"]
+        assert stall_checks(sim_cluster, "hung") == found_hung + 1
         statuses = {
             generate(sim_cluster.router_url, "/v1/completions",
                      {"model": MODEL, "prompt": f"h{i}", "max_tokens": 2}).status
@@ -235,6 +243,29 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
     for name in hung:
         wait_for(lambda n=name: sim_cluster.worker_status()[n]["eligible"], 30,
                  "the recovered decode to return")  # fmt: skip
+
+
+@pytest.mark.slow  # 6 s of waiting on slowed steps; the unit test covers the same rule
+def test_a_slow_decode_is_probed_found_alive_and_keeps_its_stream(sim_cluster):
+    """Silence alone is not a hang: an engine whose steps take over a second still answers
+    its /health, so its stream stays where it is, whole and unmigrated."""
+    body = {"model": MODEL, "prompt": "a stream on a slow decode", "max_tokens": 3,
+            "temperature": 0, "stream": True}  # fmt: skip
+    reference = generate(sim_cluster.router_url, "/v1/completions", body)
+    decodes = [w.name for w in sim_cluster.workers if w.role == "decode"]
+    found_alive, found_hung = stall_checks(sim_cluster, "alive"), stall_checks(sim_cluster, "hung")
+    try:
+        for name in decodes:
+            # A tiny-cpu decode step takes ~7 ms; x250 makes it ~1.7 s, past the 1 s stall time.
+            assert set_faults(sim_cluster, name, slowdown=250).status_code == 200
+        slow = generate(sim_cluster.router_url, "/v1/completions", body)
+    finally:
+        for name in decodes:
+            set_faults(sim_cluster, name, slowdown=1.0)
+    assert slow.done and slow.text == reference.text and slow.migrations == []
+    assert stall_checks(sim_cluster, "alive") > found_alive
+    assert stall_checks(sim_cluster, "hung") == found_hung
+    assert all(sim_cluster.worker_status()[name]["eligible"] for name in decodes)
 
 
 @pytest.mark.slow  # 15 s of the fast tier; the engine-level lease test above stays fast
