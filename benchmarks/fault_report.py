@@ -5,9 +5,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-OUTCOMES = ("complete", "error", "truncated", "hang")
+OUTCOMES = ("complete", "error", "truncated", "hang", "cut")
 _COLORS = {"complete": "tab:green", "error": "tab:orange", "truncated": "tab:red",
-           "hang": "black"}  # fmt: skip
+           "hang": "black", "cut": "tab:purple"}  # fmt: skip
 
 
 def recovery(scenario: dict, key: str) -> tuple[float | None, float | None, int]:
@@ -29,13 +29,15 @@ def markdown(report: dict) -> str:
         f"{report['clients']} closed-loop clients streaming greedy completions.", "",
         "Every request started during a scenario: complete (the recorded answer), error "
         "(a clear error), truncated (a 200 cut short or wrong: never allowed), hang (no byte "
-        "for 30 s: never allowed). Served again: until a request sent after the injection "
-        "completed; whole: until every worker was back in rotation (median / worst). Longest "
+        "for 30 s: never allowed), cut (the connection broke with no SSE error event: "
+        "allowed only for a killed router's own clients). Served again: until a request sent "
+        "after the injection completed; whole: until every worker, router replica and Redis "
+        "was back (median / worst). Longest "
         "wait: the longest any client waited for its next token (or its first). KV: "
         "the slowest engine's return to its idle KV usage once the load stopped.", "",
-        "| scenario | injections | requests | complete | error | truncated | hang "
+        "| scenario | injections | requests | complete | error | truncated | hang | cut "
         "| longest wait (s) | served again (s) | whole (s) | KV back (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for s in report["scenarios"]:
         counts = s["outcomes"]
@@ -43,9 +45,21 @@ def markdown(report: dict) -> str:
         kv = max(s["kv_settled_s"].values(), default=0.0)
         lines.append(
             f"| {s['scenario']} | {len(s['injections'])} | {s['requests']} | "
-            + " | ".join(str(counts[o]) for o in OUTCOMES)
+            + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
             + f" | {s['worst_wait_s']} | {_span(served)} | {_span(whole)} | {kv:g} |"
         )
+    lines += [
+        "",
+        "Outcomes by the router replica each client talked to "
+        "(complete / error / truncated / hang / cut):",
+        "",
+    ]
+    lines += [
+        f"- `{s['scenario']}`: " + "; ".join(
+            f"replica {i}: " + " / ".join(str(c[o]) for o in OUTCOMES)
+            for i, c in enumerate(s.get("outcomes_by_replica", [])))
+        for s in report["scenarios"]
+    ]  # fmt: skip
     lines += ["", "What each scenario injects:", ""]
     lines += [f"- `{s['scenario']}`: {s['what']}" for s in report["scenarios"]]
     errors = [(s["scenario"], e, n) for s in report["scenarios"] for e, n in s["errors"].items()]
@@ -72,7 +86,7 @@ def plot(report: dict, path: Path) -> None:
     figure, (matrix, times) = plt.subplots(1, 2, figsize=(13, 0.5 * len(names) + 2.5))
     left = [0.0] * len(names)
     for outcome in OUTCOMES:
-        shares = [s["outcomes"][outcome] / max(1, s["requests"]) for s in scenarios]
+        shares = [s["outcomes"].get(outcome, 0) / max(1, s["requests"]) for s in scenarios]
         matrix.barh(names, shares, left=left, color=_COLORS[outcome], label=outcome)
         left = [a + b for a, b in zip(left, shares, strict=True)]
     matrix.set_xlim(0, 1)

@@ -11,15 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
+import subprocess
+import urllib.error
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
 
+from agent import process_group
 from loadgen.prometheus_text import parse_text, total
 from localrun.cluster import LocalCluster
+from localrun.redis_server import RedisServer
 
 FAULT_WINDOW_S = 3.0  # how long a toggled fault (transfers, events, an empty pool) lasts
 
@@ -27,8 +32,10 @@ FAULT_WINDOW_S = 3.0  # how long a toggled fault (transfers, events, an empty po
 class FaultTarget:
     """The cluster under test, as the scenarios reach it."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, redis: RedisServer) -> None:
         self.cluster = cluster
+        self.redis = redis
+        self.replicas: dict[str, subprocess.Popen] = {}  # the extra router replicas, by URL
         self.kv_baseline: dict[str, float] = {}
         self._turns = itertools.count()
 
@@ -37,11 +44,26 @@ class FaultTarget:
 
     async def whole(self) -> bool:
         """Every worker registered, in rotation, with a live engine (the router may not
-        have noticed a killed one yet)."""
+        have noticed a killed one yet); every router replica and Redis up."""
         workers = await self.status()
+        if not self.redis.running:
+            return False
+        for url in self.replicas:
+            if not await asyncio.to_thread(process_group.http_ok, url + "/health", 1):
+                return False
         return len(workers) == len(self.cluster.workers) and all(
             w["eligible"] and _alive(w["engine_pid"]) for w in workers.values()
         )
+
+    async def restart_replica(self, url: str, signum: signal.Signals) -> None:
+        """Signal a router replica's process group, wait for it to die, start it again
+        (``whole`` waits for it to answer)."""
+        replica = self.replicas[url]
+        process_group.signal_group(replica.pid, signum)
+        await asyncio.to_thread(replica.wait, 30)
+        # Spawned here, on the main thread: a child started from a worker thread would
+        # die with that thread (process_group.die_with_parent).
+        self.replicas[url] = self.cluster.start_replica(url, wait=False)
 
     def names(self, role: str) -> list[str]:
         return [w.name for w in self.cluster.workers if w.role == role]
@@ -134,6 +156,8 @@ class Scenario:
     inject: Inject
     engines: tuple[str, ...] = ("sim", "vllm")
     gap_s: float = 1.0  # after the cluster recovered, before the next injection
+    replicas: int = 1  # router replicas it needs
+    cuts_allowed: bool = False  # a killed router's clients see their connection break
 
 
 def _kill(role: str, signum: signal.Signals) -> Inject:
@@ -181,6 +205,38 @@ def _empty_pool(role: str) -> Inject:
     return inject
 
 
+async def _kill_router(target: FaultTarget) -> str:
+    """SIGKILL the second router replica under load and start it again, as a supervisor
+    would: its clients' requests in flight break; the other replica's go on."""
+    url = next(iter(target.replicas))
+    await target.restart_replica(url, signal.SIGKILL)
+    return f"SIGKILL the router replica at {url}, then start it again"
+
+
+async def _kill_redis(target: FaultTarget) -> str:
+    """SIGKILL redis-server for FAULT_WINDOW_S, ask for a config change meanwhile (it must
+    be refused with a clear 503), then start it again, empty (no persistence)."""
+    model = target.cluster.plan.served_name
+    plan = target.cluster.plan
+    target.redis.kill()
+    try:
+        await asyncio.sleep(FAULT_WINDOW_S / 2)
+        change = {"prefill": plan.prefill, "decode": plan.decode}
+        try:
+            await target.admin("PUT", f"/admin/v1/pools/{model}", change)
+            answer = "accepted"
+        except urllib.error.HTTPError as error:
+            code = json.loads(error.read() or b"{}").get("error", {}).get("code")
+            answer = f"{error.code} {code}"
+        await asyncio.sleep(FAULT_WINDOW_S / 2)
+    finally:
+        target.redis.start()  # on the main thread (die_with_parent); it answers in ~50 ms
+    return (
+        f"SIGKILL redis-server for {FAULT_WINDOW_S:.0f} s (a config change meanwhile: "
+        f"{answer}), then start it again, empty"
+    )
+
+
 async def _re_role(target: FaultTarget) -> str:
     """Move one worker across the P:D line through the ratio API, and wait for it; the
     next injection moves it back (an even count ends where it started)."""
@@ -213,6 +269,10 @@ SCENARIOS: dict[str, Scenario] = {
                  _sim_fault("decode", transfer_failure_probability=1.0), engines=("sim",)),
         Scenario("kv_event_gap", "the prefill engines' KV events are dropped",
                  _sim_fault("prefill", kv_event_drop_probability=1.0), engines=("sim",)),
+        Scenario("kill_router", "SIGKILL a router replica under load, then restart it",
+                 _kill_router, replicas=2, cuts_allowed=True),
+        Scenario("kill_redis", "SIGKILL redis-server for 3 s, then restart it empty",
+                 _kill_redis),
         Scenario("empty_prefill_pool", "every prefill worker drained",
                  _empty_pool("prefill")),
         Scenario("empty_decode_pool", "every decode worker drained", _empty_pool("decode")),

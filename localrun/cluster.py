@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -185,6 +186,24 @@ class LocalCluster:
             })  # fmt: skip
         self._write_cluster_file()
         self._wait_ready(stopping)
+
+    def start_replica(self, url: str, *, wait: bool = True) -> subprocess.Popen:
+        """Start another router replica of this cluster at ``url`` (one of the plan's
+        ``extra_router_urls``: the agents fail over to it) and (``wait``) wait for it to
+        answer. It shares the cluster's state only through the plan's
+        ``PDSERVE_STATE_URL``; the caller stops it (``process_group.stop``)."""
+        parts = urllib.parse.urlsplit(url)
+        replica = self._spawn(
+            f"router-{parts.port}",
+            ["router", "--host", parts.hostname or self.plan.host, "--port", str(parts.port)],
+            {**self.plan.router_env, **self.router_secrets()},
+        )
+        if wait:
+            process_group.wait_until(
+                lambda: process_group.http_ok(url + "/health", timeout_s=1), timeout_s=120,
+                what=f"router replica {url}", process=replica,
+            )  # fmt: skip
+        return replica
 
     def router_secrets(self) -> dict[str, str]:
         """What a router of this cluster (another replica too) needs: the admin token and

@@ -60,6 +60,17 @@ class RedisServer:
             self._process.wait(timeout=10)
             self._process = None
 
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown (a restart comes back empty either way)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+            self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and _answers(self.port)
+
 
 @contextlib.contextmanager
 def running_redis(workdir: Path) -> Iterator[str]:

@@ -58,7 +58,7 @@ from router.scheduling.prefix_tracking import PrefixTracker
 from router.scheduling.routing_stats import RoutingStats
 from router.scheduling.schedule import Scheduler
 from router.settings import RouterSettings
-from router.state.base import ControlState, StateLimits
+from router.state.base import ControlState, StateLimits, StateUnavailable
 from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 
@@ -324,6 +324,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
+        await _learn_the_fleet(parts)
         stalls = _watch_stalls(parts)
         stop_watching_gc = watch_gc_pauses(parts.metrics.gc_pause)
         crashed = parts.metrics.background_restarts.labels
@@ -367,6 +368,16 @@ def _probe_forever(parts: RouterParts) -> Awaitable[None]:
         on_forgotten=parts.forget_worker,
         on_ejected=lambda worker: _fail_calls_to(parts, worker, "its health probes"),
     )
+
+
+async def _learn_the_fleet(parts: RouterParts) -> None:
+    """Read the shared state once before taking requests. A replica restarted under load
+    otherwise answers its first requests before its follower's first read, with a 404
+    for every model (its registry still empty). The backend's own timeouts bound this."""
+    try:
+        await parts.sync.resync()
+    except StateUnavailable as error:
+        log.warning("starting without the shared state (%s): workers appear as they report", error)
 
 
 def _watch_stalls(parts: RouterParts) -> StallCheck:

@@ -6,9 +6,7 @@ shared state. Tests run in file order: the last one kills A.
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -66,16 +64,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             model_version="v1",
         )  # fmt: skip
         cluster = LocalCluster(plan)
-        router_b = process_group.spawn(
-            [sys.executable, "-m", "cli.main", "router", "--port", str(port_b)],
-            env={**os.environ, **env, **cluster.router_secrets()},
-            log_path=run_dir / "router-b.log",
-        )
+        router_b = cluster.start_replica(url_b)
         try:
-            process_group.wait_until(
-                lambda: process_group.http_ok(url_b + "/health"), timeout_s=60,
-                what="router B", process=router_b,
-            )  # fmt: skip
             cluster.start()
             yield Replicas(cluster, redis, cluster.router_url, url_b)
         finally:
@@ -197,6 +187,26 @@ def test_without_redis_serving_goes_on_and_changes_wait_for_it(replicas):
                  f"{replica} to see every worker again")  # fmt: skip
         assert pools(replica)[MODEL]["target"] == {"prefill": 2, "decode": 2}
         assert [ask(replica, i) for i in range(3)] == [200] * 3
+
+
+def test_a_replica_started_under_load_knows_the_fleet_from_its_first_answer(replicas):
+    """It reads the shared state before it takes requests: its first answer is a 200,
+    not a 404 for a model its follower has yet to learn (a restart under load)."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    replica = replicas.cluster.start_replica(url, wait=False)
+    body = {"model": MODEL, "prompt": "first", "max_tokens": 2}
+    deadline, status = time.monotonic() + 60, None
+    try:
+        with httpx.Client(timeout=30) as client:
+            while status is None and time.monotonic() < deadline:
+                try:  # at once, as clients of a restarted replica do: no polling gap
+                    status = client.post(url + "/v1/completions", json=body).status_code
+                except httpx.TransportError:  # not listening yet
+                    time.sleep(0.001)
+    finally:
+        process_group.stop([replica], grace_s=15)
+    assert status == 200
 
 
 def test_killing_a_replica_under_load_loses_nothing(replicas):

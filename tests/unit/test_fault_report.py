@@ -18,6 +18,10 @@ def test_each_way_a_request_can_end_is_judged():
     assert judge(result(error='stream error: {"error": {}}'), "the answer") == "error"
     assert judge(result(status=503, error="HTTP 503: ..."), "the answer") == "error"
     assert judge(result(error="ServerTimeoutError: Timeout on reading data"), "x") == "hang"
+    # A broken connection: the client sees an error, but no SSE error event was sent.
+    assert judge(result(error="ClientPayloadError: Response payload is not completed"),
+                 "x") == "cut"  # fmt: skip
+    assert judge(result(status=0, error="ClientConnectorError: refused"), "x") == "cut"
 
 
 def test_injections_that_never_recovered_are_counted_not_dropped():
@@ -29,10 +33,15 @@ def test_injections_that_never_recovered_are_counted_not_dropped():
         "scenarios": [{
             "scenario": "kill_decode", "what": "w", "requests": 5, "errors": {"HTTP 502": 1},
             "worst_wait_s": 2.5,
-            "outcomes": {"complete": 4, "error": 1, "truncated": 0, "hang": 0},
+            "outcomes": {"complete": 4, "error": 1, "truncated": 0, "hang": 0, "cut": 0},
+            "outcomes_by_replica": [{"complete": 3, "error": 1, "truncated": 0, "hang": 0,
+                                     "cut": 0}, {"complete": 1, "error": 0, "truncated": 0,
+                                                 "hang": 0, "cut": 0}],
             "injections": [{"served_s": 1.0, "whole_s": None}], "kv_settled_s": {"d0": 0.4},
         }],
     }  # fmt: skip
     table = markdown(report)
-    assert "| kill_decode | 1 | 5 | 4 | 1 | 0 | 0 | 2.5 | 1.0 / 1.0 | - (1 never) | 0.4 |" in table
+    row = "| kill_decode | 1 | 5 | 4 | 1 | 0 | 0 | 0 | 2.5 | 1.0 / 1.0 | - (1 never) | 0.4 |"
+    assert row in table
+    assert "replica 0: 3 / 1 / 0 / 0 / 0; replica 1: 1 / 0 / 0 / 0 / 0" in table
     assert "1 x `HTTP 502`" in table
