@@ -265,7 +265,10 @@ SCENARIOS: dict[str, Scenario] = {
                  _kill("decode", signal.SIGTERM)),
         Scenario("hang_decode", "SIGSTOP a decode engine mid-stream until the router ejects "
                  "it", _hang_decode),
-        Scenario("fail_kv_transfer", "every KV transfer to the decode workers fails",
+        Scenario("fail_kv_transfer", "every KV pull by the decode workers fails (the sim "
+                 "answers 500, as vLLM's kv_load_failure_policy=fail does; under the shipped "
+                 "recompute policy vLLM answers 200 and the producer holds the blocks until "
+                 "the lease)",
                  _sim_fault("decode", transfer_failure_probability=1.0), engines=("sim",)),
         Scenario("kv_event_gap", "the prefill engines' KV events are dropped",
                  _sim_fault("prefill", kv_event_drop_probability=1.0), engines=("sim",)),

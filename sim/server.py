@@ -228,18 +228,12 @@ class SimServer:
             interval = stream_interval(self.config.stream_interval, body.get("stream_interval"))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"invalid request: {error}")
-        if body.get("model") != self.config.served_model_name:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
-        limit = self.config.max_model_len
-        if len(prompt_ids) > limit:
-            return _error(400, f"This model's maximum context length is {limit} tokens. However, "
-                          f"your prompt contains {len(prompt_ids)} input tokens.")  # fmt: skip
-        # Like vLLM: an output cap beyond the context left is clamped to it, not refused.
-        requested = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        max_tokens = min(requested, limit - len(prompt_ids))
-        if max_tokens < 1:
-            return _error(400, f"the prompt fills the {limit}-token context; no room for output")
         kv_params = body.get("kv_transfer_params") or {}
+        refusal, max_tokens = self._refusal(body, prompt_ids)
+        if refusal is not None:
+            if kv_params.get("do_remote_prefill") and self.config.role == "kv_consumer":
+                await self._release_refused(kv_params)
+            return refusal
         # Like vLLM: the response is named after X-Request-Id when sent, and the engine's
         # own id adds a random suffix, so two requests under one X-Request-Id never collide.
         prefix = "chatcmpl" if chat else "cmpl"
@@ -271,6 +265,35 @@ class SimServer:
         finally:
             if request.finish_reason is None:
                 self.engine.abort(request)  # the client left: free the slot and blocks
+
+    def _refusal(
+        self, body: dict[str, Any], prompt_ids: list[int]
+    ) -> tuple[web.Response | None, int]:
+        """vLLM's refusals after a request parsed, or none and the output cap."""
+        if body.get("model") != self.config.served_model_name:
+            return _error(404, f"The model `{body.get('model')}` does not exist.",
+                          "NotFoundError"), 0  # fmt: skip
+        if body.get("stream") and body.get("use_beam_search"):
+            return _error(400, "Streaming is not currently supported with beam search"), 0
+        limit = self.config.max_model_len
+        if len(prompt_ids) > limit:
+            return _error(400, f"This model's maximum context length is {limit} tokens. However, "
+                          f"your prompt contains {len(prompt_ids)} input tokens."), 0  # fmt: skip
+        # Like vLLM: an output cap beyond the context left is clamped to it, not refused.
+        requested = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        max_tokens = min(requested, limit - len(prompt_ids))
+        if max_tokens < 1:
+            return _error(400, f"the prompt fills the {limit}-token context; no room for output"), 0
+        return None, max_tokens
+
+    async def _release_refused(self, params: dict[str, Any]) -> None:
+        """Like vLLM 0.32's consumer (``notify_kv_transfer_request_rejected``): a refused
+        request that carried a handoff tells its producer to free the held blocks."""
+        assert self._session is not None
+        url = f"http://{params.get('remote_host')}:{params.get('remote_port')}{PULL_PATH}"
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with self._session.post(url, json=params) as response:
+                await response.read()
 
     async def _pull(self, params: dict[str, Any], prompt_ids: list[int]) -> str | None:
         """Fetch the prompt's KV from the producer; an error message on failure.

@@ -441,6 +441,13 @@ class RouterMetrics:
             "Times a worker's circuit breaker opened (circuit_failures_to_open failed requests "
             "in a row, an unreachable engine, or a failed trial)", ["worker"], registry=r,
         )  # fmt: skip
+        self.kv_releases = Counter(
+            "pdserve_kv_releases",
+            "KV handoffs no decode would pull, sent to a live decode to be refused so that "
+            "the producer frees the blocks now, not at the lease's end, by outcome: released, "
+            "failed, no_consumer (no other decode), skipped (too many in flight)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.stall_checks = Counter(
             "pdserve_stall_checks",
             "Engines probed at once because a stream on them went silent "

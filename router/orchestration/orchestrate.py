@@ -48,6 +48,7 @@ from router.orchestration.engine_errors import (
     EngineHTTPError,
     EngineUnreachable,
 )
+from router.orchestration.kv_release import KVReleases
 from router.orchestration.migration import Continuation, Transcript, resume_mode
 from router.orchestration.relay import SSE_HEADERS, Resume, SSERelay, StreamStats, no_resume
 from router.orchestration.sse_passthrough import EngineSSEResponse
@@ -104,6 +105,11 @@ class Orchestrator:
         self._predictor = predictor
         self._clock = clock
         self._degraded: dict[str, WorkerRole | None] = {}  # by model: the pool left alone
+        released = metrics.kv_releases.labels
+        self._releases = KVReleases(
+            engines, timeout_s=self._timeouts.first_token_timeout_s,
+            on_outcome=lambda outcome: released(outcome).inc(),
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"Orchestrator(scheduler={self._scheduler!r})"
@@ -302,10 +308,18 @@ class Orchestrator:
                                           prefilled)  # fmt: skip
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(decision.worker, error))
-                if not isinstance(error, EngineUnreachable):
-                    # It may have pulled the KV, and the producer then frees those blocks
-                    # for reuse: the next worker computes the prompt itself.
-                    handoff = None
+                if isinstance(error, EngineUnreachable):
+                    continue  # the request never got there: the next decode pulls the KV
+                if isinstance(error, (EngineHTTPError, EngineAborted)) and handoff is not None:
+                    # A decode that answered 5xx (a dead engine core, a failed KV load under
+                    # kv_load_failure_policy "fail") or aborted as it shut down leaves the
+                    # producer holding the blocks until the lease: free them now through
+                    # another decode (kv_release.py).
+                    consumer = next((w for w in pool if w.worker_id not in tried), None)
+                    self._releases.release(request.model, handoff, consumer and consumer.engine_url)
+                # It may have pulled the KV, and the producer then frees those blocks
+                # for reuse: the next worker computes the prompt itself.
+                handoff = None
         if failures:
             raise UpstreamFailed(
                 f"{role.value} failed before its first byte: " + "; ".join(failures),

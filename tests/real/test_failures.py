@@ -13,6 +13,7 @@ from localrun.ports import free_ports
 from tests.clusters import MODEL
 from tests.conditions import wait_for
 from tests.generation import Generation, generate
+from tests.kv_held import a_refused_handoff_frees_its_blocks
 
 LONG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 
@@ -48,6 +49,13 @@ def test_failed_prefill_is_retried_on_another_prefill_worker(cluster, router_url
         assert cluster.worker_status()["prefill-dead"]["circuit"] == "open"
     finally:
         cluster.admin("DELETE", "/admin/workers/prefill-dead", as_worker="prefill-dead")
+
+
+def test_a_handoff_a_decode_refuses_is_freed_on_its_producer_at_once(cluster, decode_engine_url):
+    """vLLM's consumer tells the producer to free a refused request's handoff: the router's
+    way to free KV no decode will pull (``kv_release.py``) long before the 30 s lease."""
+    prefill_url = cluster.worker("prefill-0").engine_url
+    a_refused_handoff_frees_its_blocks(prefill_url, decode_engine_url, MODEL, freed_within_s=10)
 
 
 def test_client_disconnect_aborts_the_decode_request(router_url, decode_engine_url):

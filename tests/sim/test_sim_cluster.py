@@ -17,6 +17,7 @@ from loadgen.prometheus_text import scrape, total
 from tests.clusters import COLOCATED_MODEL, MODEL
 from tests.conditions import wait_for
 from tests.generation import generate
+from tests.kv_held import a_refused_handoff_frees_its_blocks
 from tests.listeners import beyond_loopback, listeners
 from tests.sim.faults import serving_decode, set_faults
 
@@ -185,6 +186,14 @@ def test_fault_endpoint_needs_the_token_and_refuses_bad_values_whole(sim_cluster
 
 
 def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
+    """And the handoff the failed decode never pulled is freed on its producer now (through
+    another decode, ``kv_release.py``), not when its lease runs out."""
+
+    def released() -> float:
+        samples = scrape(sim_cluster.router_url + "/metrics")
+        return total(samples, "pdserve_kv_releases_total", outcome="released")
+
+    released_before = released()
     assert set_faults(sim_cluster, "decode-0", transfer_failure_probability=1).status_code == 200
     try:
         # The round_robin alias: four requests in a row visit each of the four decodes,
@@ -200,6 +209,21 @@ def test_a_failing_transfer_on_one_decode_is_retried_on_the_other(sim_cluster):
         assert failures >= 1, "round-robin sent a request to the failing decode first"
     finally:
         set_faults(sim_cluster, "decode-0", transfer_failure_probability=0)
+    wait_for(lambda: released() > released_before, 10, "the orphaned handoff's release")
+    prefills = [w.engine_url for w in sim_cluster.workers if w.role == "prefill"]
+
+    def held() -> float:
+        return sum(total(scrape(url + "/metrics"), "vllm:kv_cache_usage_perc") for url in prefills)
+
+    # Before the sim cluster's 6 s lease would have freed it.
+    wait_for(lambda: held() == 0, 3, "the producers to hold no KV")
+
+
+def test_a_handoff_a_decode_refuses_is_freed_on_its_producer_at_once(sim_cluster):
+    """The sim's consumer, like vLLM's, tells the producer to free a refused request's
+    handoff (the sim cluster's lease: 6 s)."""
+    prefill, decode = (sim_cluster.worker(n).engine_url for n in ("prefill-0", "decode-0"))
+    a_refused_handoff_frees_its_blocks(prefill, decode, MODEL, freed_within_s=3)
 
 
 def stall_checks(cluster, outcome: str) -> float:
