@@ -13,6 +13,7 @@ import httpx
 class Generation:
     status: int
     text: str = ""
+    texts: dict[int, str] = field(default_factory=dict)  # streamed: each choice's, by index
     token_ids: list[int] = field(default_factory=list)
     usage: dict | None = None
     done: bool = False  # streamed: saw data: [DONE]
@@ -85,6 +86,8 @@ def _fold_chunk(result: Generation, chunk: dict) -> None:
     result.chunks += bool(chunk.get("choices"))
     for choice in chunk.get("choices") or []:
         result.text += choice_text(choice)
+        index = choice.get("index", 0)
+        result.texts[index] = result.texts.get(index, "") + choice_text(choice)
         result.token_ids += choice.get("token_ids") or []
     if chunk.get("usage"):
         result.usage = chunk["usage"]

@@ -15,11 +15,18 @@ original's shape:
   engine whose greedy choice differs, shows up there as a divergence, not as text;
 - seeded sampling: the same request again from the start (a seed fixes the whole
   sequence, not its continuation), all text the client got being checked and dropped;
-- unseeded sampling, only when ``stream_migration_inexact`` allows it: the prompt plus
-  the tokens streamed up to the last event with text, sampled on from there. Not the
-  answer the first engine would have given, but one the model could have;
-- anything else (n > 1, logprobs, stop strings, echo, tools, guided decoding) is not
-  migrated: the stream ends with an SSE error event, as before.
+- greedy with stop strings: replayed the same way. vLLM holds back the text that could
+  begin a stop string (up to the longest one, less a character) while it streams the
+  token ids, so what the client got ends short of what the streamed tokens say, by an
+  amount the router cannot know without the tokenizer; replayed from the start, the new
+  engine holds back and stops exactly as the first would have;
+- unseeded sampling, only when ``stream_migration_inexact`` allows it (and no stop
+  string holds text back): the prompt plus the tokens streamed up to the last event with
+  text, sampled on from there. Not the answer the first engine would have given, but one
+  the model could have;
+- anything else (logprobs, echo, tools, guided decoding) is not migrated: the stream
+  ends with an SSE error event, as before. ``n`` > 1 reaches here as one stream per
+  choice (``fan_out.py``), each migrating on its own.
 
 The continuation's events then carry the first answer's id and a ``pdserve_migration``
 field (``{"exact": ..., "tokens_before": ...}``), and its usage counts the original
@@ -47,7 +54,7 @@ _DONE = b"data: [DONE]"
 # null again, and the client sees what it would have seen without the router's ask.
 _TOKEN_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[0-9,\s]*\]')
 # Fields that make a continuation differ from the uninterrupted answer.
-_NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "stop", "best_of", "response_format",
+_NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "best_of", "response_format",
                     "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                     "structured_outputs", "prompt_logprobs")  # fmt: skip
 # A chat's fields that a completion of its templated prompt does without.
@@ -96,11 +103,12 @@ def resume_mode(request: PreparedRequest, *, inexact: bool = False) -> ResumeMod
         )
         if not single:
             return None
+    holds_text_back = bool(body.get("stop"))  # a stop string's possible start
     if body.get("temperature") == 0:
-        return ResumeMode.CONTINUE
+        return ResumeMode.REPLAY if holds_text_back else ResumeMode.CONTINUE
     if isinstance(body.get("seed"), int):
         return ResumeMode.REPLAY
-    return ResumeMode.RESAMPLE if inexact else None
+    return ResumeMode.RESAMPLE if inexact and not holds_text_back else None
 
 
 @dataclass(frozen=True)

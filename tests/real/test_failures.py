@@ -116,12 +116,14 @@ def kill_the_decode_and_wait_for_its_restart(
 
 
 @pytest.mark.parametrize(
-    ("how", "path"),
-    [(signal.SIGKILL, "/v1/completions"), (signal.SIGTERM, "/v1/chat/completions")],
-    ids=["SIGKILL completion", "SIGTERM chat"],
-)
+    ("how", "path", "extra"),
+    [(signal.SIGKILL, "/v1/completions", {}), (signal.SIGTERM, "/v1/chat/completions", {}),
+     # vLLM holds back text that could begin a stop string: the stream is replayed.
+     (signal.SIGKILL, "/v1/completions", {"stop": ["~never in this text~"]})],
+    ids=["SIGKILL completion", "SIGTERM chat", "SIGKILL completion with a stop string"],
+)  # fmt: skip
 def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
-    cluster, router_url, how, path
+    cluster, router_url, how, path, extra
 ):
     """SIGKILL breaks the stream; SIGTERM makes vLLM abort it (finish_reason "abort", then
     [DONE]). Either way it goes on on the prefill worker, unchanged; a chat's as a
@@ -129,7 +131,8 @@ def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
     asked = {"prompt": "tell me everything"} if path == "/v1/completions" else {
         "messages": [{"role": "user", "content": "tell me everything"}]}  # fmt: skip
     body = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, **asked}  # fmt: skip
+            "stream": True, "stream_options": {"include_usage": True}, **asked,
+            **extra}  # fmt: skip
     uninterrupted = generate(router_url, path, body)
     assert uninterrupted.done and uninterrupted.usage["completion_tokens"] == 200
     migrated_before = total(scrape(router_url + "/metrics"), "pdserve_stream_migrations_total",

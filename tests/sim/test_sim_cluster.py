@@ -19,7 +19,7 @@ from tests.conditions import wait_for
 from tests.generation import generate
 from tests.kv_held import a_refused_handoff_frees_its_blocks
 from tests.listeners import beyond_loopback, listeners
-from tests.sim.faults import serving_decode, set_faults
+from tests.sim.faults import serving_decode, serving_decodes, set_faults
 
 CASES = [
     ("/v1/completions", {"prompt": "def fibonacci(n):"}),
@@ -429,6 +429,37 @@ def test_a_stream_whose_decode_dies_mid_answer_goes_on_elsewhere_with_nothing_lo
     assert moved.migrations == [{"exact": True, "tokens_before": tokens_before}]
     assert reference.migrations == []
     assert migrations(sim_cluster, "migrated") - migrated_before == 1
+    wait_for(
+        lambda: (w := sim_cluster.worker_status().get(killed[0])) is not None
+        and w["eligible"] and w["incarnation"] > before[killed[0]]["incarnation"],
+        60, "the agent to restart its sim",
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # a 2x200-token reference and a sim restart; the n=1 cases above are fast
+def test_each_choice_of_a_seeded_n2_stream_goes_on_unchanged_when_its_decode_dies(sim_cluster):
+    """n > 1 is served one call per choice (``fan_out.py``), so each choice migrates on
+    its own: a choice's seed is the request's plus its index, as vLLM samples them."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "n": 2,
+            "temperature": 0.8, "seed": 7, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    reference = generate(sim_cluster.router_url, COMPLETIONS, body)
+    assert reference.done and len(reference.texts) == 2
+    before, migrated_before = sim_cluster.worker_status(), migrations(sim_cluster, "migrated")
+    killed: list[str] = []
+
+    def kill_a_decode_at_chunk_50(so_far) -> None:
+        if so_far.chunks == 50:
+            killed.append(serving_decodes(sim_cluster)[0])
+            os.kill(before[killed[0]]["engine_pid"], signal.SIGKILL)
+
+    moved = generate(sim_cluster.router_url, COMPLETIONS, body, on_chunk=kill_a_decode_at_chunk_50)
+    assert killed, "the stream ended before a decode could be killed"
+    assert moved.status == 200 and moved.done and not moved.error_events
+    assert moved.texts == reference.texts and moved.usage == reference.usage
+    assert len(moved.response_ids) == 1
+    assert moved.migrations and all(m["exact"] for m in moved.migrations)
+    assert migrations(sim_cluster, "migrated") - migrated_before >= 1
     wait_for(
         lambda: (w := sim_cluster.worker_status().get(killed[0])) is not None
         and w["eligible"] and w["incarnation"] > before[killed[0]]["incarnation"],

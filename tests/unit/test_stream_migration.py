@@ -44,7 +44,10 @@ def transcript_of(
     [({"temperature": 0}, ResumeMode.CONTINUE),
      ({"temperature": 0.7, "seed": 3}, ResumeMode.REPLAY),
      ({"temperature": 0.7}, None), ({}, None), ({"temperature": 0, "n": 2}, None),
-     ({"temperature": 0, "logprobs": 2}, None), ({"temperature": 0, "stop": ["\n"]}, None),
+     ({"temperature": 0, "logprobs": 2}, None),
+     # Text held back for a stop string: replayed from the start, never continued.
+     ({"temperature": 0, "stop": ["\n"]}, ResumeMode.REPLAY),
+     ({"temperature": 0.7, "seed": 3, "stop": "x"}, ResumeMode.REPLAY),
      ({"temperature": 0, "prompt": ["a", "b"]}, None)],
 )  # fmt: skip
 def test_only_requests_whose_answer_is_fixed_are_continued(body, mode):
@@ -59,6 +62,7 @@ def test_unseeded_sampling_is_continued_only_when_inexact_migration_is_allowed()
     assert resume_mode(request(temperature=0.7)) is None
     assert resume_mode(request(temperature=0.7), inexact=True) is ResumeMode.RESAMPLE
     assert resume_mode(request(temperature=0.7, n=2), inexact=True) is None
+    assert resume_mode(request(temperature=0.7, stop=["x"]), inexact=True) is None
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert resume_mode(request(endpoint=Endpoint.CHAT, temperature=0, tools=tools)) is None
 
