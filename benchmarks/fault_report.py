@@ -60,6 +60,15 @@ def markdown(report: dict) -> str:
             for i, c in enumerate(s.get("outcomes_by_replica", [])))
         for s in report["scenarios"]
     ]  # fmt: skip
+    counted = [s for s in report["scenarios"] if s.get("router_counted")]
+    if counted:
+        lines += ["", "What the first router replica counted during each scenario (stall "
+                  "checks that found the engine alive / hung, streams migrated, held KV "
+                  "released, circuits opened):", ""]  # fmt: skip
+        lines += [
+            f"- `{s['scenario']}`: " + ", ".join(f"{k} {v}" for k, v in s["router_counted"].items())
+            for s in counted
+        ]
     lines += ["", "What each scenario injects:", ""]
     lines += [f"- `{s['scenario']}`: {s['what']}" for s in report["scenarios"]]
     errors = [(s["scenario"], e, n) for s in report["scenarios"] for e, n in s["errors"].items()]

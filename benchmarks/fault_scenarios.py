@@ -27,6 +27,14 @@ from localrun.cluster import LocalCluster
 from localrun.redis_server import RedisServer
 
 FAULT_WINDOW_S = 3.0  # how long a toggled fault (transfers, events, an empty pool) lasts
+# What the first router replica (never the one killed) counted, as (metric, label filter).
+ROUTER_COUNTERS = {
+    "stall_checks_alive": ("pdserve_stall_checks_total", {"outcome": "alive"}),
+    "stall_checks_hung": ("pdserve_stall_checks_total", {"outcome": "hung"}),
+    "migrations": ("pdserve_stream_migrations_total", {"outcome": "migrated"}),
+    "kv_releases": ("pdserve_kv_releases_total", {"outcome": "released"}),
+    "circuit_trips": ("pdserve_worker_circuit_trips_total", {}),
+}
 
 
 class FaultTarget:
@@ -54,6 +62,16 @@ class FaultTarget:
         return len(workers) == len(self.cluster.workers) and all(
             w["eligible"] and _alive(w["engine_pid"]) for w in workers.values()
         )
+
+    async def router_counters(self) -> dict[str, float]:
+        """``ROUTER_COUNTERS`` as the first router replica has them now."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.cluster.router_url + "/metrics") as response,
+        ):
+            samples = parse_text(await response.text())
+        return {key: total(samples, name, **labels)
+                for key, (name, labels) in ROUTER_COUNTERS.items()}  # fmt: skip
 
     async def restart_replica(self, url: str, signum: signal.Signals) -> None:
         """Signal a router replica's process group, wait for it to die, start it again

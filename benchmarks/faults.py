@@ -148,6 +148,7 @@ async def run_scenario(
     scenario: Scenario, target: FaultTarget, load: Load, injections: int, t0: float
 ) -> dict:
     started_s = time.perf_counter()
+    counted_before = await target.router_counters()
     load.start()
     await asyncio.sleep(2.0)  # steady load before the first injection
     record = []
@@ -173,6 +174,7 @@ async def run_scenario(
         injection["at_s"] = round(injected_s - t0, 2)
         injection["served_s"] = _rounded(served_after(judged, injected_s))
     settled = await kv_settled_s(target)
+    counted = await target.router_counters()
     return {
         "scenario": scenario.name,
         "what": scenario.description,
@@ -185,6 +187,7 @@ async def run_scenario(
         "worst_wait_s": _rounded(max((longest_wait(r) for r, _ in judged), default=None)),
         "errors": dict(Counter((r.error or "")[:80] for r, o in judged if o != "complete")),
         "kv_settled_s": settled,
+        "router_counted": {k: round(v - counted_before[k]) for k, v in counted.items()},
         "started_at_s": round(started_s - t0, 2),
         "ended_at_s": round(ended_s - t0, 2),
     }
