@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,7 +243,11 @@ def fault_target(args: argparse.Namespace) -> Iterator[FaultTarget]:
         print(f"  logs: {run_dir}")
 
 
-async def measure(args: argparse.Namespace, target: FaultTarget) -> dict:
+async def measure(
+    args: argparse.Namespace, target: FaultTarget, write: Callable[[dict], None]
+) -> dict:
+    """Every scenario in turn; the report so far is written after each (``write``), so a
+    run stopped part way keeps the scenarios it finished."""
     machine = machine_record()  # the commit the run started on, not the one it ends on
     cluster = target.cluster
     urls = [u + "/v1/completions" for u in (cluster.router_url, *cluster.plan.extra_router_urls)]
@@ -261,21 +265,22 @@ async def measure(args: argparse.Namespace, target: FaultTarget) -> dict:
     chosen = [SCENARIOS[name] for name in args.scenarios.split(",")] if args.scenarios else [
         s for s in SCENARIOS.values()
         if args.engine in s.engines and args.replicas >= s.replicas]  # fmt: skip
-    scenarios = []
-    for scenario in chosen:
-        print(f"{scenario.name}: {args.injections} injections", flush=True)
-        result = await run_scenario(scenario, target, load, args.injections, t0)
-        print(f"  {result['outcomes']}; KV settled {result['kv_settled_s']}", flush=True)
-        scenarios.append(result)
-    return {
+    report = {
         "title": f"Faults under load ({args.engine}: {args.prefill}P + {args.decode}D, "
         f"{args.replicas} router replicas)",
         "machine": machine,
         "command": "python -m benchmarks.faults " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "clients": args.clients,
-        "scenarios": scenarios,
+        "scenarios": [],
     }
+    for scenario in chosen:
+        print(f"{scenario.name}: {args.injections} injections", flush=True)
+        result = await run_scenario(scenario, target, load, args.injections, t0)
+        print(f"  {result['outcomes']}; KV settled {result['kv_settled_s']}", flush=True)
+        report["scenarios"].append(result)
+        write(report)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,13 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    with fault_target(args) as target:
-        report = asyncio.run(measure(args, target))
     stem = "faults" if args.engine == "sim" else f"faults_{args.engine}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (args.out / f"{stem}.md").write_text(markdown(report))
-    plot(report, args.out / f"{stem}.png")
+
+    def write(report: dict) -> None:
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+        (args.out / f"{stem}.md").write_text(markdown(report))
+        plot(report, args.out / f"{stem}.png")
+
+    with fault_target(args) as target:
+        report = asyncio.run(measure(args, target, write))
     bad = sum(never_allowed(s) for s in report["scenarios"])
     print(f"wrote {args.out}/{stem}.json, .md and .png")
     return 0 if bad == 0 else 1
