@@ -24,8 +24,11 @@ Invariants:
   long because its reader took nothing fails with ``StreamBroken``. Closing the
   connection (``abort``) is what makes vLLM abort the request and free its KV blocks.
 - A stream whose engine has been silent for ``stall_after_s`` (not one paused by its
-  reader) is reported to ``on_stall`` once per silence, with the engine's address: a hung
-  engine is suspected in a second, not after its health probes' slow majority vote.
+  reader), or a call whose first byte is that late, is reported to ``on_stall`` once per
+  silence, with the engine's address: a hung engine is suspected in a second, not after
+  its health probes' slow majority vote.
+- ``EngineNotReached`` only where no connection carried the request: a request that was
+  sent and then failed may have been acted on.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from urllib.parse import SplitResult, urlsplit
 import httptools
 
 from contracts.logs import REQUEST_ID_HEADER, request_id_var
-from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.engine_errors import EngineHTTPError, EngineNotReached, EngineUnreachable
 
 _HIGH_WATER_BYTES = 256 * 1024
 _ERROR_BODY_BYTES = 1024 * 1024
@@ -162,15 +165,25 @@ class EngineConnection(asyncio.Protocol):
         """
         assert self._transport is not None
         self._transport.write(request)
-        deadline_s = self._loop.time() + first_byte_timeout_s
+        now_s = self._loop.time()
+        deadline_s = now_s + first_byte_timeout_s
+        # A first byte that is late is a silence too (a hung engine's newest requests
+        # wait there): reported once, like a stream's.
+        stall_s = now_s + self._pool.stall_after_s if self._pool.stall_after_s else None
         while not (self._chunks or self._ended or self._error):
-            left_s = deadline_s - self._loop.time()
+            now_s = self._loop.time()
+            left_s = deadline_s - now_s
             if left_s <= 0:
                 self.abort()
                 raise EngineUnreachable(f"no answer within {first_byte_timeout_s:.1f} s")
+            if stall_s is not None and now_s >= stall_s:
+                stall_s = None
+                self._pool.stalled(self.address)
             self._waiter = self._loop.create_future()
             try:
-                await asyncio.wait_for(self._waiter, left_s)
+                await asyncio.wait_for(
+                    self._waiter, left_s if stall_s is None else min(left_s, stall_s - now_s)
+                )
             except asyncio.TimeoutError:
                 continue
             except BaseException:
@@ -404,7 +417,7 @@ class EngineClient:
             except _Stale:
                 continue
             return connection, first
-        raise EngineUnreachable(f"{url}: connection closed unanswered twice")
+        raise EngineNotReached(f"{url}: connection closed unanswered twice")
 
     def watch_stalls(self, after_s: float, on_stall: StallReport) -> None:
         """Tell ``on_stall`` of each stream whose engine has sent nothing for ``after_s``
@@ -467,7 +480,7 @@ class EngineClient:
             else:
                 await slots.acquire()
         except asyncio.TimeoutError:
-            raise EngineUnreachable(
+            raise EngineNotReached(
                 f"all {self._pool_size} upstream connections busy for {self._connect_timeout_s} s"
             ) from None
         try:
@@ -477,13 +490,13 @@ class EngineClient:
             )
         except (OSError, asyncio.TimeoutError) as error:
             slots.release()
-            raise EngineUnreachable(f"{address[0]}:{address[1]}: {error!r}") from error
+            raise EngineNotReached(f"{address[0]}:{address[1]}: {error!r}") from error
         except BaseException:
             slots.release()
             raise
         if connection.closed:  # lost before we got it: connection_lost found no slot to free
             slots.release()
-            raise EngineUnreachable(f"{address[0]}:{address[1]}: closed on connect")
+            raise EngineNotReached(f"{address[0]}:{address[1]}: closed on connect")
         self._open.add(connection)
         return connection
 
@@ -514,5 +527,5 @@ def engine_address(engine_url: str) -> tuple[str, int]:
 
 def _address(parts: SplitResult) -> tuple[str, int]:
     if parts.scheme != "http" or parts.hostname is None:
-        raise EngineUnreachable(f"{parts.geturl()}: streamed calls speak plain http only")
+        raise EngineNotReached(f"{parts.geturl()}: streamed calls speak plain http only")
     return parts.hostname, parts.port or 80

@@ -1,6 +1,8 @@
 """How a call to a worker engine failed, for the orchestrator to decide what to do.
 
 ``EngineUnreachable`` means the worker may be dead (retry elsewhere, mark it unhealthy);
+``EngineNotReached``, one kind of it, that the request never got there (no connection),
+so a KV handoff it carried is still unpulled and may go to another decode;
 ``EngineHTTPError`` means the engine answered and refused.
 """
 
@@ -11,6 +13,11 @@ import re
 
 class EngineUnreachable(Exception):
     """Connect failure, reset or timeout before a complete answer."""
+
+
+class EngineNotReached(EngineUnreachable):
+    """No connection carried the request to the engine: it never saw it. (Sent and then
+    unanswered, a request may have been acted on: a decode may have pulled its KV.)"""
 
 
 class EngineHTTPError(Exception):

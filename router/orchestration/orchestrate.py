@@ -14,9 +14,13 @@ Failure rules (``_triage`` applies them to every attempt of either phase):
 - a failed prefill (unreachable, 5xx, bad handoff) is retried on another prefill
   worker, up to ``prefill_retries``;
 - a decode that fails before its first byte is retried on another decode worker: with
-  the same handoff if it was unreachable, else computing the prompt itself (the failed
-  one may have pulled the KV, which the producer then frees); after the first byte a
-  stream migrates (``migration.py``) or the relay sends an SSE error;
+  the same handoff only if the request never reached the failed one (no connection:
+  ``EngineNotReached``). Otherwise the failed one may have pulled the KV, which the
+  producer then frees for reuse: the handoff is released (``kv_release.py``) and never
+  sent again; the next decode gets a fresh prefill's if the failed one was sent the
+  request and went silent (a hang, a missed lease), else computes the prompt itself.
+  After the first byte a stream migrates (``migration.py``) or the relay sends an SSE
+  error;
 - a handoff is never forwarded past its lease: before each decode attempt an expired
   one is re-prefilled (``_renewed``, at most ``kv_lease_reprefills`` times, counted),
   since the producer may have reused its blocks.
@@ -46,6 +50,7 @@ from router.orchestration.engine_errors import (
     ABORTED,
     EngineAborted,
     EngineHTTPError,
+    EngineNotReached,
     EngineUnreachable,
 )
 from router.orchestration.kv_release import KVReleases
@@ -293,10 +298,11 @@ class Orchestrator:
         tried: list[str] = []
         failures: list[str] = []
         reprefills_left, lease_s = self._leases.kv_lease_reprefills, self._leases.kv_lease_s
+        renew = False  # the handoff went to a decode that may have pulled it: never again
         for _ in range(len(pool)):
-            if handoff is not None and not handoff.lease_holds(self._clock(), lease_s):
+            if handoff is not None and (renew or not handoff.lease_holds(self._clock(), lease_s)):
                 handoff = await self._renewed(request, pools.prefill, blocks, reprefills_left)
-                reprefills_left -= 1
+                reprefills_left, renew = reprefills_left - 1, False
             decision = first if first is not None and not tried else None
             decision = decision or self._pick(request, role, pool, blocks, tried)
             if decision is None:
@@ -308,24 +314,31 @@ class Orchestrator:
                                           prefilled)  # fmt: skip
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._triage(decision.worker, error))
-                if isinstance(error, EngineUnreachable):
-                    continue  # the request never got there: the next decode pulls the KV
-                if isinstance(error, (EngineHTTPError, EngineAborted)) and handoff is not None:
-                    # A decode that answered 5xx (a dead engine core, a failed KV load under
-                    # kv_load_failure_policy "fail") or aborted as it shut down leaves the
-                    # producer holding the blocks until the lease: free them now through
-                    # another decode (kv_release.py).
-                    consumer = next((w for w in pool if w.worker_id not in tried), None)
-                    self._releases.release(request.model, handoff, consumer and consumer.engine_url)
-                # It may have pulled the KV, and the producer then frees those blocks
-                # for reuse: the next worker computes the prompt itself.
-                handoff = None
+                if handoff is None or isinstance(error, EngineNotReached):
+                    continue  # it never got there: the next decode pulls the same KV
+                self._release(request, handoff, pool, tried, decision.worker)
+                # Sent and unanswered (a hang, a missed lease): a fresh prefill for the next
+                # decode. Answered (5xx, an abort): the next computes the prompt itself.
+                renew = isinstance(error, EngineUnreachable)
+                handoff = handoff if renew else None
         if failures:
             raise UpstreamFailed(
                 f"{role.value} failed before its first byte: " + "; ".join(failures),
                 code="decode_failed",
             )
         raise NoCapacity("no worker left to try", retry_after_s=self._retry_after_s)
+
+    def _release(
+        self, request: PreparedRequest, handoff: KVHandoff, pool: Sequence[WorkerState],
+        tried: Collection[str], failed: WorkerState,
+    ) -> None:  # fmt: skip
+        """A decode got ``handoff`` and failed before its first byte. It may have pulled the
+        KV (the producer then frees the blocks for reuse), or failed before pulling (a
+        dead engine core, a failed KV load under kv_load_failure_policy "fail", a hang, a
+        shutdown), leaving the producer holding them until the lease: free them now
+        through another decode (``kv_release.py``), or the failed one if it is alone."""
+        consumer = next((w for w in pool if w.worker_id not in tried), failed)
+        self._releases.release(request.model, handoff, consumer.engine_url)
 
     async def _renewed(
         self,

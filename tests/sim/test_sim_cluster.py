@@ -269,6 +269,35 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
                  "the recovered decode to return")  # fmt: skip
 
 
+def test_a_request_a_hung_decode_took_moves_on_without_the_kv_it_may_have_pulled(sim_cluster):
+    """The hung decode got the request (and pulled its KV: the sim pulls before it steps)
+    but never sent a first byte. The stall check ejects it; the next decode computes the
+    prompt itself. Sending it the same handoff would read blocks the producer freed after
+    the first pull (the sim's producer refuses it: a decode 500; vLLM would read them)."""
+    bodies = [{"model": f"{MODEL}-rr", "prompt": f"a first token never sent {i}",
+               "max_tokens": 4, "temperature": 0} for i in range(4)]  # fmt: skip
+    references = [generate(sim_cluster.router_url, COMPLETIONS, b).text for b in bodies]
+
+    def decode_500s() -> float:
+        samples = scrape(sim_cluster.router_url + "/metrics")
+        return total(samples, "pdserve_upstream_failures_total", role="decode", kind="http_500")
+
+    failed_before, found_hung = decode_500s(), stall_checks(sim_cluster, "hung")
+    assert set_faults(sim_cluster, "decode-0", hang=True).status_code == 200
+    try:
+        # Round robin: one of four requests in a row goes to decode-0 first.
+        results = [generate(sim_cluster.router_url, COMPLETIONS, b, timeout_s=10)
+                   for b in bodies]  # fmt: skip
+    finally:
+        set_faults(sim_cluster, "decode-0", hang=False)
+    assert [r.status for r in results] == [200] * 4
+    assert [r.text for r in results] == references
+    assert stall_checks(sim_cluster, "hung") == found_hung + 1
+    assert decode_500s() == failed_before, "the pulled handoff was sent to another decode"
+    wait_for(lambda: sim_cluster.worker_status()["decode-0"]["eligible"], 30,
+             "the recovered decode to return")  # fmt: skip
+
+
 @pytest.mark.slow  # 6 s of waiting on slowed steps; the unit test covers the same rule
 def test_a_slow_decode_is_probed_found_alive_and_keeps_its_stream(sim_cluster):
     """Silence alone is not a hang: an engine whose steps take over a second still answers
