@@ -269,6 +269,7 @@ def test_a_hung_decode_leaves_rotation_its_stream_moves_and_it_returns_when_it_r
                  "the recovered decode to return")  # fmt: skip
 
 
+@pytest.mark.slow  # ~10 s; the stream hang test above is the fast tier's hang case
 def test_a_request_a_hung_decode_took_moves_on_without_the_kv_it_may_have_pulled(sim_cluster):
     """The hung decode got the request (and pulled its KV: the sim pulls before it steps)
     but never sent a first byte. The stall check ejects it; the next decode computes the
