@@ -33,6 +33,8 @@ ROUTER_COUNTERS = {
     "stall_checks_hung": ("pdserve_stall_checks_total", {"outcome": "hung"}),
     "migrations": ("pdserve_stream_migrations_total", {"outcome": "migrated"}),
     "kv_releases": ("pdserve_kv_releases_total", {"outcome": "released"}),
+    "kv_releases_not_sent": ("pdserve_kv_releases_total", {"outcome": "no_consumer"}),
+    "kv_releases_failed": ("pdserve_kv_releases_total", {"outcome": "failed"}),
     "circuit_trips": ("pdserve_worker_circuit_trips_total", {}),
 }
 
