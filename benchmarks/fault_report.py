@@ -64,7 +64,8 @@ def markdown(report: dict) -> str:
     if counted:
         lines += ["", "What the first router replica counted during each scenario (stall "
                   "checks that found the engine alive / hung, streams migrated, held KV "
-                  "released / with no decode to release through / failed, circuits opened):", ""]  # fmt: skip
+                  "released / with no decode to release through / failed, circuits "
+                  "opened):", ""]  # fmt: skip
         lines += [
             f"- `{s['scenario']}`: " + ", ".join(f"{k} {v}" for k, v in s["router_counted"].items())
             for s in counted
