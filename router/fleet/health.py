@@ -49,7 +49,8 @@ async def probe_engines_forever(
         workers = registry.workers()
         results = await asyncio.gather(*(_healthy(session, w.engine_url, timeout) for w in workers))
         for worker, healthy in zip(workers, results, strict=True):
-            _record(registry, worker, healthy, failures_to_eject, on_ejected, "health probes")
+            _record(registry, worker, healthy, failures_to_eject, on_ejected,
+                    f"{failures_to_eject} health probes")  # fmt: skip
         for worker_id in registry.forget_silent(clock()):
             log.warning("worker %s forgotten after long silence", worker_id)
             on_forgotten(worker_id)
@@ -72,14 +73,14 @@ def _record(
     healthy: bool,
     failures_to_eject: int,
     on_ejected: Callable[[WorkerState], int],
-    what: str,
+    failed_probes: str,
 ) -> None:
     if not registry.record_probe(worker.worker_id, healthy, failures_to_eject):
         return
     if healthy:
         log.warning("worker %s passed its health probe", worker.worker_id)
         return
-    log.warning("worker %s failed %d %s in a row", worker.worker_id, failures_to_eject, what)
+    log.warning("worker %s failed %s in a row", worker.worker_id, failed_probes)
     if failed := on_ejected(worker):
         log.warning("%d calls in flight on %s failed over", failed, worker.worker_id)
 
@@ -123,7 +124,8 @@ class StallCheck:
                 self.on_checked(False)
                 return
         self.on_checked(True)
-        _record(self.registry, worker, False, 1, self.on_ejected, "stall probes")
+        # Ejected now: the silence and these failures together are the evidence.
+        _record(self.registry, worker, False, 1, self.on_ejected, f"{self.failures} stall probes")
 
     async def close(self) -> None:
         for task in list(self._running.values()):
