@@ -190,15 +190,23 @@ class TTFTPredictor:
         intercept, (per_request, per_token) = plane
         return intercept + per_request * requests + per_token * pulled_tokens
 
-    def prefill_sent(self, worker_id: str, at_s: float, queued_tokens: int) -> PrefillMark:
-        """A prefill goes to the worker now, with ``queued_tokens`` already under way."""
+    def prefill_sent(
+        self, worker_id: str, at_s: float, queued_tokens: int, *, running: int = 0
+    ) -> PrefillMark:
+        """A prefill goes to the worker now, with ``queued_tokens`` already under way and
+        ``running`` requests in flight there (prefilling or decoding). Only a prefill with
+        neither is an alone sample: a colocated worker (or a prefill worker serving whole
+        requests while the decode pool is empty) runs each prompt in steps shared with the
+        others' decodes, and learning those as alone times made the forecast refuse
+        prompts as past the SLO on idle workers (413 ``prompt_exceeds_ttft_slo``)."""
         drain = _of_worker(self._drains, worker_id, self._max_workers, _Drain)
         if queued_tokens <= 0:
             # Idle until now (a failed prefill reports no end). The busy time counted starts
             # at the next prefill's end: up to there it holds one request's fixed cost
             # (HTTP, a step's floor), which the alone line has, and a queue overlaps.
             drain.busy_since_s = None
-        return PrefillMark(worker_id, at_s, drain.finished_tokens, alone=queued_tokens <= 0)
+        alone = queued_tokens <= 0 and running <= 0
+        return PrefillMark(worker_id, at_s, drain.finished_tokens, alone=alone)
 
     def observe_prefill(
         self, mark: PrefillMark, own_tokens: int, ended_s: float, queued_after: int

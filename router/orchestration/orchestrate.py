@@ -258,8 +258,9 @@ class Orchestrator:
             tried.append(worker.worker_id)
             self._scheduler.place(blocks, decision)
             started_s = self._clock()
+            there = self._load.of(worker.worker_id)
             mark = self._predictor.prefill_sent(
-                worker.worker_id, started_s, self._load.of(worker.worker_id).tokens
+                worker.worker_id, started_s, there.tokens, running=there.requests
             )
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
@@ -374,8 +375,10 @@ class Orchestrator:
         own = 0 if handoff is not None else decision.uncached_tokens
         mark = None
         if handoff is None:
-            queued = self._load.of(worker.worker_id).tokens
-            mark = self._predictor.prefill_sent(worker.worker_id, self._clock(), queued)
+            there = self._load.of(worker.worker_id)
+            mark = self._predictor.prefill_sent(
+                worker.worker_id, self._clock(), there.tokens, running=there.requests
+            )
         requests_there = self._load.of(worker.worker_id).requests + 1
         # Its KV there: the prompt blocks the worker does not hold yet, and the output.
         kv_tokens = decision.uncached_tokens + request.max_output_tokens

@@ -33,6 +33,22 @@ def test_the_line_is_learned_and_predicts_sizes_it_never_saw():
     assert predictor.tokens_per_s("w") == pytest.approx(2500, rel=0.05)
 
 
+def test_a_prefill_sent_beside_running_requests_is_not_learned_as_alone():
+    """A colocated worker (or a prefill worker serving whole requests while the decode
+    pool is empty) runs a prompt in steps shared with the others' decodes: that time,
+    taken as alone, once made admission refuse prompts as past the SLO on idle workers."""
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    predictor.seed("w", [(n, 0.01 + n / 10_000) for n in (100, 1000, 4000)])
+    before_s = predictor.prefill_s("w", 0, 1000)
+    for _ in range(50):
+        mark = predictor.prefill_sent("w", 0.0, queued_tokens=0, running=3)
+        predictor.observe_prefill(mark, 1000, 5.0, queued_after=0)  # 50 times slower
+    assert predictor.prefill_s("w", 0, 1000) == pytest.approx(before_s)
+    for tokens in (500, 1000, 2000) * 10:  # the same times, alone: learned
+        observe_alone(predictor, "w", tokens, 5.0 * tokens / 1000)
+    assert predictor.prefill_s("w", 0, 1000) > 10 * before_s
+
+
 def quadratic_prefill_s(tokens: int) -> float:
     """30 ms fixed, 0.2 ms per token, and attention: 0.02 ms per thousand token pairs."""
     return 0.030 + 0.0002 * tokens + 0.00002 * tokens * tokens / 1000
