@@ -102,6 +102,17 @@ class UpstreamFailed(APIError):
     type = "upstream_error"
 
 
+class ContinuationDiverged(UpstreamFailed):
+    """A migrated stream's continuation is not the text the client already received."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the stream's engine failed and its continuation on another worker diverged "
+            "from the text already sent",
+            code="migration_diverged",
+        )
+
+
 class NoCapacity(APIError):
     status = 503
     type = "service_unavailable"

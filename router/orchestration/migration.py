@@ -4,9 +4,9 @@ A streamed completion or chat keeps a ``Transcript`` of the events its client re
 The router asks the engine for the token ids (vLLM's ``return_token_ids``) and blanks
 them out of what the client sees, so the client gets the bytes vLLM would have sent it.
 When the engine fails mid-stream, ``Transcript.continuation`` says how to go on
-elsewhere, always as a ``/v1/completions`` call on token ids (a chat's prompt is its
-templated prompt, which vLLM's first chat chunk names), its events rewritten into the
-original's shape:
+elsewhere: as a ``/v1/completions`` call on token ids (a chat's prompt is its templated
+prompt, which vLLM's first chat chunk names), its events rewritten into the original's
+shape, or for some chats as the chat again:
 
 - greedy (``temperature == 0``): the prompt plus the tokens already streamed, less
   the last event's, as a new prompt (computed by the worker itself), with the output
@@ -24,9 +24,15 @@ original's shape:
   string holds text back): the prompt plus the tokens streamed up to the last event with
   text, sampled on from there. Not the answer the first engine would have given, but one
   the model could have;
-- anything else (logprobs, echo, tools, guided decoding) is not migrated: the stream
-  ends with an SSE error event, as before. ``n`` > 1 reaches here as one stream per
-  choice (``fan_out.py``), each migrating on its own.
+- greedy or seeded with guided decoding (``response_format``, ``structured_outputs``):
+  replayed the same way, its grammar then starting from the start as the first did;
+- a chat replayed (seeded, a stop string, guided decoding, tools), or a greedy one whose
+  deltas were not all text (reasoning, a tool call): the same chat again, less what the
+  client received, channel by channel (``chat_replay.py``): the parsing of tool calls
+  and reasoning happens only on a chat;
+- anything else (logprobs, echo, unseeded sampling with tools or a grammar) is not
+  migrated: the stream ends with an SSE error event, as before. ``n`` > 1 reaches here
+  as one stream per choice (``fan_out.py``), each migrating on its own.
 
 The continuation's events then carry the first answer's id and a ``pdserve_migration``
 field (``{"exact": ..., "tokens_before": ...}``), and its usage counts the original
@@ -44,7 +50,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from router.errors import UpstreamFailed
+from router.errors import ContinuationDiverged
+from router.orchestration.chat_replay import ChatRecord, ReplayedChat
 from router.prepare.prepare import Endpoint, PreparedRequest
 
 _EVENT_END = b"\n\n"
@@ -54,9 +61,10 @@ _DONE = b"data: [DONE]"
 # null again, and the client sees what it would have seen without the router's ask.
 _TOKEN_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[0-9,\s]*\]')
 # Fields that make a continuation differ from the uninterrupted answer.
-_NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "best_of", "response_format",
-                    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                    "structured_outputs", "prompt_logprobs")  # fmt: skip
+_NOT_CONTINUABLE = ("logprobs", "top_logprobs", "echo", "best_of", "prompt_logprobs")
+# Fields whose output only a run from the start gives again: a grammar's state.
+_FROM_THE_START = ("response_format", "guided_json", "guided_regex", "guided_choice",
+                   "guided_grammar", "structured_outputs")  # fmt: skip
 # A chat's fields that a completion of its templated prompt does without.
 _CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template",
               "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -74,17 +82,6 @@ class ResumeMode(Enum):
         return self is not ResumeMode.RESAMPLE
 
 
-class ContinuationDiverged(UpstreamFailed):
-    """The continuation's text is not what the client already received."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "the stream's engine failed and its continuation on another worker diverged "
-            "from the text already sent",
-            code="migration_diverged",
-        )
-
-
 def resume_mode(request: PreparedRequest, *, inexact: bool = False) -> ResumeMode | None:
     """How a stream of ``request`` could go on elsewhere, or None: it cannot (exactly,
     unless ``inexact`` allows sampling on from the cut)."""
@@ -93,31 +90,35 @@ def resume_mode(request: PreparedRequest, *, inexact: bool = False) -> ResumeMod
         return None
     if any(body.get(key) for key in _NOT_CONTINUABLE):
         return None
-    if request.endpoint is Endpoint.CHAT:
-        if body.get("tools") and body.get("tool_choice") != "none":
-            return None  # a tool call's deltas are parsed, not text
-    else:
-        prompt = body.get("prompt")
-        single = isinstance(prompt, str) or (
-            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        )
-        if not single:
-            return None
-    holds_text_back = bool(body.get("stop"))  # a stop string's possible start
+    chat = request.endpoint is Endpoint.CHAT
+    if not chat and not _one_prompt(body.get("prompt")):
+        return None
+    from_the_start = (
+        bool(body.get("stop"))  # the text held back for a stop string's possible start
+        or any(body.get(key) for key in _FROM_THE_START)
+        or (chat and bool(body.get("tools")) and body.get("tool_choice") != "none")
+    )
     if body.get("temperature") == 0:
-        return ResumeMode.REPLAY if holds_text_back else ResumeMode.CONTINUE
+        return ResumeMode.REPLAY if from_the_start else ResumeMode.CONTINUE
     if isinstance(body.get("seed"), int):
         return ResumeMode.REPLAY
-    return ResumeMode.RESAMPLE if inexact and not holds_text_back else None
+    return ResumeMode.RESAMPLE if inexact and not from_the_start else None
+
+
+def _one_prompt(prompt: Any) -> bool:
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+    )
 
 
 @dataclass(frozen=True)
 class Continuation:
     """Where a failed stream goes on from: the engine body and what to drop of its text."""
 
-    body: dict[str, Any]  # for /v1/completions
+    body: dict[str, Any]  # for ``path``
     skip_text: str  # the continuation's first text, already received by the client
     tokens_before: int  # output tokens the client has that the continuation does not count
+    output_tokens: int  # the continuation's own output cap
     path: str = "/v1/completions"
 
 
@@ -132,7 +133,8 @@ class Transcript:
         self._chat = request.endpoint is Endpoint.CHAT
         self._strip_ids = not client_wants_ids
         self._received = _Record(max_bytes, chat=self._chat)
-        self._continuing: _ContinuedEvents | None = None
+        self._received_deltas = ChatRecord(max_bytes) if self._chat else None
+        self._continuing: _ContinuedEvents | ReplayedChat | None = None
 
     def __repr__(self) -> str:
         return f"Transcript(mode={self._mode.value}, {self._received!r})"
@@ -148,6 +150,8 @@ class Transcript:
             events = self._continuing.edit(events)
         else:
             self._received.add(events)
+            if self._received_deltas is not None:
+                self._received_deltas.add(events)
         return _TOKEN_ID_LISTS.sub(rb'"\1":null', events) if self._strip_ids else events
 
     def continuation(self) -> Continuation | None:
@@ -157,6 +161,9 @@ class Transcript:
         if self._continuing is not None:
             return None
         received = self._received.read()
+        replayed = self._mode is ResumeMode.REPLAY or received is None
+        if self._chat and self._mode.exact and replayed:
+            return self._chat_replay()
         if received is None:
             return None
         chunks = received.chunks
@@ -181,7 +188,23 @@ class Transcript:
             body["min_tokens"] = max(0, body["min_tokens"] - len(kept_ids))
         marker = {"exact": self._mode.exact, "tokens_before": sum(len(ids) for ids, _ in chunks)}
         self._continuing = _ContinuedEvents(received, skip, len(kept_ids), marker, chat=self._chat)
-        return Continuation(body, skip, len(kept_ids))
+        return Continuation(body, skip, len(kept_ids), output_tokens=left)
+
+    def _chat_replay(self) -> Continuation | None:
+        """The same chat again, less what its client received (``chat_replay.py``): for a
+        chat replayed from the start, or one whose deltas were not all text."""
+        assert self._received_deltas is not None
+        owed = self._received_deltas.read()
+        response_id, created = self._received.identity()
+        if owed is None or not response_id:
+            return None
+        body = {k: v for k, v in self._request.body.items() if k != "kv_transfer_params"}
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        marker = {"exact": True, "tokens_before": self._received_deltas.tokens}
+        marks = {"id": response_id, "created": created, MIGRATION_FIELD: marker}
+        self._continuing = ReplayedChat(owed, marks)
+        return Continuation(body, "", 0, output_tokens=self._request.max_output_tokens,
+                            path="/v1/chat/completions")  # fmt: skip
 
 
 @dataclass
@@ -241,6 +264,11 @@ class _Record:
             self._texts += text[1] + _TEXT_SEPARATOR
         if len(self._ids) + len(self._texts) > self._max_bytes:
             self._stop()
+
+    def identity(self) -> tuple[str, int]:
+        """The first answer's id and ``created``: read from its first event, kept when the
+        record stops."""
+        return self._response_id.decode(), int(self._created)
 
     def _stop(self) -> None:
         self._readable = False

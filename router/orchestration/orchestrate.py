@@ -558,7 +558,7 @@ class Orchestrator:
         seat: _Seat,
     ) -> tuple[EngineConnection, bytes] | None:
         body = json.dumps(continuation.body).encode()
-        output_tokens = continuation.body["max_tokens"]
+        output_tokens = continuation.output_tokens
         tried = [seat.worker.worker_id]
         # Another decode worker computes the longer prompt itself; then any other worker.
         candidates = ((WorkerRole.DECODE, pools.decode), (WorkerRole.COLOCATED, pools.colocated),

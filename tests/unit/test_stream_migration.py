@@ -48,7 +48,11 @@ def transcript_of(
      # Text held back for a stop string: replayed from the start, never continued.
      ({"temperature": 0, "stop": ["\n"]}, ResumeMode.REPLAY),
      ({"temperature": 0.7, "seed": 3, "stop": "x"}, ResumeMode.REPLAY),
-     ({"temperature": 0, "prompt": ["a", "b"]}, None)],
+     ({"temperature": 0, "prompt": ["a", "b"]}, None),
+     # A grammar's state: rebuilt only by a run from the start.
+     ({"temperature": 0, "response_format": {"type": "json_object"}}, ResumeMode.REPLAY),
+     ({"temperature": 0, "structured_outputs": {"regex": "[a-z]+"}}, ResumeMode.REPLAY),
+     ({"temperature": 0.7, "response_format": {"type": "json_object"}}, None)],
 )  # fmt: skip
 def test_only_requests_whose_answer_is_fixed_are_continued(body, mode):
     assert resume_mode(request(**body)) is mode
@@ -63,8 +67,13 @@ def test_unseeded_sampling_is_continued_only_when_inexact_migration_is_allowed()
     assert resume_mode(request(temperature=0.7), inexact=True) is ResumeMode.RESAMPLE
     assert resume_mode(request(temperature=0.7, n=2), inexact=True) is None
     assert resume_mode(request(temperature=0.7, stop=["x"]), inexact=True) is None
+    assert (
+        resume_mode(request(temperature=0.7, structured_outputs={"regex": "a"}), inexact=True)
+        is None
+    )
     tools = [{"type": "function", "function": {"name": "f"}}]
-    assert resume_mode(request(endpoint=Endpoint.CHAT, temperature=0, tools=tools)) is None
+    assert resume_mode(request(endpoint=Endpoint.CHAT, temperature=0.7, tools=tools),
+                       inexact=True) is None  # fmt: skip
 
 
 def test_the_client_sees_vllms_bytes_without_the_token_ids_the_router_asked_for():
@@ -200,12 +209,19 @@ def test_a_greedy_chat_continues_as_a_completion_of_its_templated_prompt_in_chat
     assert chunk["pdserve_migration"] == {"exact": True, "tokens_before": 3}
 
 
-def test_a_chat_delta_that_is_not_text_cannot_be_continued():
-    transcript = transcript_of(request(endpoint=Endpoint.CHAT, temperature=0), ResumeMode.CONTINUE)
+def test_a_greedy_chat_whose_delta_is_not_text_is_replayed_as_the_chat():
+    """Its tool calls and reasoning are parsed by vLLM's chat serving: no completion of
+    token ids gives them back (``test_chat_replay.py`` checks the replay's edits)."""
+    chat = request(endpoint=Endpoint.CHAT, temperature=0, messages=[{"role": "user"}])
+    chat.body.pop("prompt")
+    transcript = transcript_of(chat, ResumeMode.CONTINUE)
     role = chat_event(None, None, prompt_token_ids=[1, 2])
     call = chat_event("", [5]).replace(b'"content":""', b'"tool_calls":[{"index":0}]')
     transcript.edit(role + call)
-    assert transcript.continuation() is None
+    continuation = transcript.continuation()
+    assert continuation.path == "/v1/chat/completions" and continuation.skip_text == ""
+    assert continuation.body["messages"] == [{"role": "user"}]
+    assert continuation.output_tokens == 10 and continuation.tokens_before == 0
 
 
 def test_an_inexact_continuation_samples_on_after_the_last_text_and_says_so():
