@@ -3,6 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL ?= smollm2
 PORT ?= 8000
+# EMBED=1 adds an all-MiniLM-L6-v2 embedding worker (/v1/embeddings). Off by default: on a
+# 2-core box a third engine takes turns on the cores the prefill/decode pair computes on.
+EMBED ?= 0
 # Test processes for the tiers without vLLM (pytest-xdist; one module per worker: --dist loadfile).
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile
@@ -18,7 +21,7 @@ tools:
 
 ## Start a local cluster (router + 1 prefill + 1 decode) with SmolLM2-135M-Instruct.
 run: setup
-	$(BIN)/pdserve up --model $(MODEL) --port $(PORT)
+	$(BIN)/pdserve up --model $(MODEL) --port $(PORT) --embed $(EMBED)
 
 ## Lint, then every test tier: fast and slow (no vLLM, in parallel), then real (vLLM CPU +
 ## the tiny model, one shared cluster, in order).

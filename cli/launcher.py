@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the registered version the workers above serve (model registry)",
     )
+    parser.add_argument("--embed", type=int, default=0,
+                        help="embedding workers (vLLM's pooling runner) for --embed-model, "
+                        "served at /v1/embeddings")  # fmt: skip
+    parser.add_argument(
+        "--embed-model",
+        default="minilm",
+        help="minilm (all-MiniLM-L6-v2), or an embedding model folder",
+    )
     parser.add_argument("--version", action="append", default=[], metavar="VERSION=FOLDER",
                         help="also one colocated worker serving another version of the model "
                         "from FOLDER (a canary or shadow); repeatable")  # fmt: skip
@@ -63,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path(".pdserve") / "runs" / time.strftime("%Y%m%d-%H%M%S"))
     _say(f"run folder: {run_dir} (one log per process)")
     model_path, served_name = resolve(args.model)
+    embed_path, embed_name = resolve(args.embed_model) if args.embed else (None, None)
     try:
         dtype = _dtype(args)
         plan = ClusterPlan(
@@ -85,6 +94,9 @@ def main(args: argparse.Namespace) -> int:
             dtype=dtype,
             model_version=args.model_version,
             versions=tuple(_other_version(spec) for spec in args.version),
+            embed=args.embed,
+            embed_model_path=embed_path,
+            embed_served_name=embed_name,
         )
     except ValueError as error:
         raise SystemExit(f"pdserve up: {error}") from None
@@ -93,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cluster.start(stopping)
         if not stopping():
-            _say_ready(cluster.router_url, served_name)
+            _say_ready(cluster.router_url, served_name, embed_name)
         while not stopping() and cluster.router_alive():
             time.sleep(0.2)
         return 0 if stopping() else 1
@@ -144,7 +156,7 @@ def _say(message: str) -> None:
     print(f"pdserve: {message}", flush=True)
 
 
-def _say_ready(url: str, model: str) -> None:
+def _say_ready(url: str, model: str, embed_model: str | None) -> None:
     body = json.dumps({
         "model": model,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -155,3 +167,7 @@ def _say_ready(url: str, model: str) -> None:
         f"\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n",
         flush=True,
     )
+    if embed_model:
+        embed = json.dumps({"model": embed_model, "input": ["The capital of France", "Paris"]})
+        print(f"  curl {url}/v1/embeddings -H 'Content-Type: application/json' -d '{embed}'\n",
+              flush=True)  # fmt: skip

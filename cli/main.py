@@ -12,7 +12,7 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-AGENT_COMMANDS = ("prefill", "decode", "colocated")
+AGENT_COMMANDS = ("prefill", "decode", "colocated", "embed")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ COMMANDS = (
     Command("decode", "agent.roles.decode",
             "run a decode agent supervising one vLLM (kv_consumer)"),
     Command("colocated", "agent.roles.colocated", "run a colocated agent: one plain vLLM, no P/D"),
+    Command("embed", "agent.roles.embed",
+            "run an embedding agent: one vLLM pooling engine (/v1/embeddings)"),
     Command("sim", "sim.cli", "run simulated vLLM servers (GPU-free, calibrated timing)"),
     Command("model", "cli.model_prep", "prepare a model into ~/.cache/pdserve"),
     Command("bench", "loadgen.bench_cli",

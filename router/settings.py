@@ -136,6 +136,11 @@ class ServerSettings(_Group):
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After sent with 503 when a pool has no ready worker."
     )
+    max_embedding_inputs: int = Field(
+        2048, ge=1, le=100_000,
+        description="Inputs one `/v1/embeddings` request may carry (OpenAI's limit); more is "
+        "a 413 `too_many_inputs`. `max_body_bytes` bounds their size.",
+    )  # fmt: skip
     router_processes: int = Field(
         1, ge=1, le=64,
         description="Router processes sharing the port (the kernel spreads connections), for "
@@ -163,6 +168,14 @@ class UpstreamSettings(_Group):
     prefill_retries: int = Field(
         1, ge=0, le=3, description="Retries of a failed prefill on another prefill worker."
     )
+    embedding_timeout_s: float = Field(
+        60.0, gt=0, description="Whole `/v1/embeddings` call to an embedding worker."
+    )
+    embedding_retries: int = Field(
+        1, ge=0, le=3,
+        description="Retries of a failed embedding request (unreachable worker, 5xx) on "
+        "another embedding worker.",
+    )  # fmt: skip
     stream_migration_attempts: int = Field(
         2,
         ge=0,

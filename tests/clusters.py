@@ -6,6 +6,8 @@
   the colocated engine is the single-instance reference P/D output must equal.
 - ``sim_cluster``: the same router and agents with simulators in vLLM's place:
   2 prefill + 2 decode + 1 colocated (each test that needs two of a pool uses -0 and -1).
+- ``embed_cluster``: a router and one embedding worker (all-MiniLM-L6-v2 on vLLM's
+  pooling runner), apart from ``cluster`` so that its tests see no embedding model.
 
 Each starts on first use and stops at the end of the session; every engine
 publishes KV events.
@@ -22,7 +24,7 @@ import pytest
 
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
-from modelstore import tiny_llama
+from modelstore import minilm, tiny_llama
 
 MODEL = tiny_llama.SERVED_NAME
 COLOCATED_MODEL = f"{MODEL}-colocated"
@@ -55,6 +57,25 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     local = LocalCluster(plan)
     try:
         local.start()  # no warm-up: the tests' first P/D request is a user's first
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def embed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    (port,) = free_ports(1)
+    model = minilm.ensure()
+    plan = ClusterPlan(
+        model_path=model, served_name=minilm.SERVED_NAME, prefill=0, decode=0, embed=1,
+        embed_model_path=model, embed_served_name=minilm.SERVED_NAME, port=port,
+        run_dir=tmp_path_factory.mktemp("embed_cluster"), ready_timeout_s=600,
+        heartbeat_interval_s=1.0, drain_timeout_s=5.0,
+        router_env={"PDSERVE_HEALTH_INTERVAL_S": "1"},
+    )  # fmt: skip
+    local = LocalCluster(plan)
+    try:
+        local.start()
         yield local
     finally:
         local.stop()

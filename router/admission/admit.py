@@ -230,7 +230,7 @@ class Admission:
         if output is None:  # as vLLM: the rest of the context, which KV may have to hold
             limit = context_limit(pools.first_hop)
             output = max(0, limit - blocks.token_count) if limit else 0
-        await self._rate_limit(request, blocks.token_count + output)
+        await self.rate_limit(request, blocks.token_count + output)
         # The KV its output is expected to need: most requests stop well short of a large
         # max_tokens (or of the context, with none); one that runs on may be preempted.
         output = min(output, self._settings.expected_output_tokens)
@@ -270,7 +270,9 @@ class Admission:
         body = apply_output_cap(request, caps, default)
         return request if body is None else dataclasses.replace(request, body=body)
 
-    async def _rate_limit(self, request: PreparedRequest, tokens: int) -> None:
+    async def rate_limit(self, request: PreparedRequest, tokens: int) -> None:
+        """Charge the tenant's rpm and tpm limits (a prompt's tokens, with its output cap, or
+        an embedding request's inputs); raise 429 with Retry-After past either."""
         policy, name = request.tenant.policy, request.tenant.name
         for unit, per_minute, cost in (("rpm", policy.rpm, 1), ("tpm", policy.tpm, tokens)):
             if not per_minute:

@@ -59,6 +59,7 @@ class Pools:
     # Set when a P/D model lost one pool and the other serves whole requests (in
     # ``colocated``): the role of the pool that was left.
     degraded: WorkerRole | None = None
+    embed: list[WorkerState] = field(default_factory=list)  # an embedding model's workers
 
     @staticmethod
     def of(
@@ -67,6 +68,7 @@ class Pools:
         colocated: list[WorkerState],
         *,
         serve_degraded: bool,
+        embed: list[WorkerState] | None = None,
     ) -> Pools:
         """A model's pools. With no ready prefill worker the decode workers compute the
         prompt themselves, and with no ready decode worker the prefill workers decode
@@ -75,8 +77,8 @@ class Pools:
         or a colocated worker serves the model."""
         if serve_degraded and not colocated and bool(prefill) != bool(decode):
             left = WorkerRole.DECODE if decode else WorkerRole.PREFILL
-            return Pools([], [], decode or prefill, degraded=left)
-        return Pools(prefill, decode, colocated)
+            return Pools([], [], decode or prefill, degraded=left, embed=embed or [])
+        return Pools(prefill, decode, colocated, embed=embed or [])
 
     @property
     def disaggregated(self) -> bool:
@@ -225,7 +227,14 @@ class WorkerRegistry:
             *(self.eligible(model, role, now_s, version) for role in
               (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED)),
             serve_degraded=self._serve_degraded,
+            embed=self.eligible(model, WorkerRole.EMBED, now_s, version),
         )  # fmt: skip
+
+    def embeds(self, model: str) -> bool:
+        """Whether ``model`` is an embedding model: its registered workers, ready or not,
+        are embedding workers (a model is served by one kind of engine)."""
+        roles = {w.role for w in self._workers.values() if w.registration.model == model}
+        return WorkerRole.EMBED in roles
 
     def models(self) -> list[str]:
         """Every model some registered worker serves, ready or not (a request for one gets
@@ -241,7 +250,7 @@ class WorkerRegistry:
             return sorted({model for model, _ in ready})
         return sorted(
             model for model in {model for model, _ in ready}
-            if (model, WorkerRole.COLOCATED) in ready
+            if (model, WorkerRole.COLOCATED) in ready or (model, WorkerRole.EMBED) in ready
             or {(model, WorkerRole.PREFILL), (model, WorkerRole.DECODE)} <= ready
         )  # fmt: skip
 

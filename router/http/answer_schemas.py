@@ -112,3 +112,22 @@ class ModelCard(_Open):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class Embedding(_Open):
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(_Open):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(_Open):
+    id: str
+    object: Literal["list"] = "list"
+    model: str
+    data: list[Embedding]
+    usage: EmbeddingUsage

@@ -33,11 +33,12 @@ from router.http.answer_schemas import (
     ChatCompletionResponse,
     CompletionChunk,
     CompletionResponse,
+    EmbeddingResponse,
     ModelList,
 )
 from router.http.http_io import json_body, unless_disconnected
 from router.prepare.prepare import Endpoint, prepare
-from router.prepare.schemas import ChatCompletionRequest, CompletionRequest
+from router.prepare.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 log = logging.getLogger("pdserve.router")
 
@@ -95,6 +96,12 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     return await generate(request, Endpoint.CHAT)
+
+
+async def embeddings(request: Request) -> Response:
+    """Through the same route, stages and screens as a generation; served by the model's
+    embedding pool (``orchestration/embed.py``)."""
+    return await generate(request, Endpoint.EMBEDDINGS)
 
 
 async def list_models(request: Request) -> dict[str, Any]:
@@ -246,6 +253,15 @@ ROUTES: tuple[Route, ...] = (
         body=ChatCompletionRequest,
         answer=ChatCompletionResponse,
         stream_chunk=ChatCompletionChunk,
+        hot=True,
+    ),
+    Route(
+        "POST",
+        "/v1/embeddings",
+        embeddings,
+        Access.CLIENT,
+        body=EmbeddingRequest,
+        answer=EmbeddingResponse,
         hot=True,
     ),
     Route("GET", "/v1/models", list_models, Access.CLIENT, answer=ModelList),

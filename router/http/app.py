@@ -40,7 +40,8 @@ from router.observability.metric_views import (
 )
 from router.observability.metrics import RouterMetrics
 from router.observability.windows import SlidingSums
-from router.orchestration.engine_client import engine_address
+from router.orchestration.embed import Embedder
+from router.orchestration.engine_client import EngineClient, engine_address
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
 from router.orchestration.orchestrate import Orchestrator
 from router.orchestration.pipeline import RequestPipeline
@@ -109,7 +110,8 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         metrics=metrics, clock=clock, head_chars=settings.server.early_bound_head_chars,
         rest_samples=settings.server.early_bound_rest_samples,
     )  # fmt: skip
-    pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock)
+    pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock,
+                         engines=upstream.engines, load=load)  # fmt: skip
     rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
@@ -128,11 +130,14 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
 
 def _pipeline(
     settings: RouterSettings, registry: WorkerRegistry, admission: Admission,
-    orchestrator: Orchestrator, metrics: RouterMetrics, clock: Callable[[], float],
+    orchestrator: Orchestrator, metrics: RouterMetrics, clock: Callable[[], float], *,
+    engines: EngineClient, load: InFlightLoad,
 ) -> RequestPipeline:  # fmt: skip
+    embedder = Embedder(settings=settings, registry=registry, engines=engines,
+                        admission=admission, load=load, metrics=metrics, clock=clock)  # fmt: skip
     return RequestPipeline(
         settings.server, registry=registry, admission=admission, orchestrator=orchestrator,
-        metrics=metrics, clock=clock,
+        embedder=embedder, metrics=metrics, clock=clock,
         hashers=BlockHashers(memo_entries=settings.index.block_hash_memo_entries),
         token_cache=TokenPrefixCache(
             max_tokens=settings.server.token_prefix_cache_tokens,

@@ -8,9 +8,8 @@ Disaggregated request:
 A colocated pool, or the P/D decider sending a short prompt to the decode worker,
 runs the decode phase alone.
 
-Failure rules (``_triage`` applies them to every attempt of either phase):
-- an engine 4xx is the client's fault and is passed on as is;
-- a worker that is unreachable is marked unhealthy at once;
+Failure rules (``worker_outcomes.py`` counts every attempt of either phase: an engine
+4xx is the client's, passed on as is; an unreachable worker is ejected at once):
 - a failed prefill (unreachable, 5xx, bad handoff) is retried on another prefill
   worker, up to ``prefill_retries``;
 - a decode that fails before its first byte is retried on another decode worker: with
@@ -40,8 +39,8 @@ from fastapi.responses import Response
 
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
-from router.admission.ttft_predictor import TTFTPredictor
-from router.errors import APIError, NoCapacity, UpstreamFailed, UpstreamRejected
+from router.admission.ttft_predictor import PrefillMark, TTFTPredictor
+from router.errors import APIError, NoCapacity, UpstreamFailed
 from router.fleet.registry import Pools, WorkerRegistry, WorkerState
 from router.fleet.worker_networks import WorkerNetworks
 from router.observability.metrics import RouterMetrics
@@ -58,6 +57,7 @@ from router.orchestration.migration import Continuation, Transcript, resume_mode
 from router.orchestration.relay import SSE_HEADERS, Resume, SSERelay, StreamStats, no_resume
 from router.orchestration.sse_passthrough import EngineSSEResponse
 from router.orchestration.usage import usage_in_answer, with_usage_requested
+from router.orchestration.worker_outcomes import WorkerOutcomes
 from router.prepare.prepare import PreparedRequest
 from router.prepare.prompt_blocks import PromptBlocks
 from router.scheduling.load import InFlight, InFlightLoad, Ticket
@@ -109,6 +109,7 @@ class Orchestrator:
         self._load = load
         self._predictor = predictor
         self._clock = clock
+        self._outcomes = WorkerOutcomes(registry, metrics, clock)
         self._degraded: dict[str, WorkerRole | None] = {}  # by model: the pool left alone
         released = metrics.kv_releases.labels
         self._releases = KVReleases(
@@ -222,6 +223,13 @@ class Orchestrator:
         kv_tokens = decode.uncached_tokens + request.max_output_tokens
         return self._load.begin(decode.worker.worker_id, 0, kv_tokens=kv_tokens)
 
+    def _prefill_sent(self, worker_id: str) -> PrefillMark:
+        """A prompt is sent to be computed there now, beside what that worker runs."""
+        there = self._load.of(worker_id)
+        return self._predictor.prefill_sent(
+            worker_id, self._clock(), there.tokens, running=there.requests
+        )
+
     def _pick(
         self,
         request: PreparedRequest,
@@ -258,10 +266,7 @@ class Orchestrator:
             tried.append(worker.worker_id)
             self._scheduler.place(blocks, decision)
             started_s = self._clock()
-            there = self._load.of(worker.worker_id)
-            mark = self._predictor.prefill_sent(
-                worker.worker_id, started_s, there.tokens, running=there.requests
-            )
+            mark = self._prefill_sent(worker.worker_id)
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
                                       deadline_s=request.prefill_deadline_s):  # fmt: skip
@@ -271,9 +276,9 @@ class Orchestrator:
                     )  # fmt: skip
                 handoff = _handoff_in(payload, issued_at_s=self._clock(), networks=self._networks)
             except _ATTEMPT_FAILURES as error:
-                failures.append(self._triage(worker, error))
+                failures.append(self._outcomes.triage(worker, error))
                 continue
-            self._worker_answered(worker)
+            self._outcomes.answered(worker)
             seconds = handoff.issued_at_s - started_s
             self._metrics.stage.labels(request.model, "prefill").observe(seconds)
             self._predictor.observe_prefill(
@@ -314,7 +319,7 @@ class Orchestrator:
                 return await self._answer(request, pools, blocks, decision, handoff, mode,
                                           prefilled)  # fmt: skip
             except _ATTEMPT_FAILURES as error:
-                failures.append(self._triage(decision.worker, error))
+                failures.append(self._outcomes.triage(decision.worker, error))
                 if handoff is None or isinstance(error, EngineNotReached):
                     continue  # it never got there: the next decode pulls the same KV
                 self._release(request, handoff, pool, tried, decision.worker)
@@ -373,12 +378,7 @@ class Orchestrator:
         payload, client_wants_usage = _engine_payload(request, handoff, transcript)
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
-        mark = None
-        if handoff is None:
-            there = self._load.of(worker.worker_id)
-            mark = self._predictor.prefill_sent(
-                worker.worker_id, self._clock(), there.tokens, running=there.requests
-            )
+        mark = None if handoff is not None else self._prefill_sent(worker.worker_id)
         requests_there = self._load.of(worker.worker_id).requests + 1
         # Its KV there: the prompt blocks the worker does not hold yet, and the output.
         kv_tokens = decision.uncached_tokens + request.max_output_tokens
@@ -388,7 +388,7 @@ class Orchestrator:
         )  # fmt: skip
 
         def first_byte(at_s: float) -> None:
-            self._worker_answered(worker)
+            self._outcomes.answered(worker)
             ticket.prefilled()
             prefilled()
             if mark is not None:
@@ -421,24 +421,6 @@ class Orchestrator:
             ticket.end()
             raise
 
-    def _triage(self, worker: WorkerState, error: Exception) -> str:
-        """Count and log a failed attempt and say what happened; an engine 4xx is re-raised."""
-        if not (isinstance(error, EngineHTTPError) and error.status < 500):
-            log.warning("%s %s attempt failed: %s", worker.worker_id, worker.role.value, error)
-        if isinstance(error, EngineUnreachable):
-            self._worker_failed(worker, "unreachable", at_once=True)
-            return f"{worker.worker_id}: unreachable ({error})"
-        if isinstance(error, EngineHTTPError):
-            if error.status < 500:
-                raise UpstreamRejected(error.status, error.body) from None
-            self._worker_failed(worker, f"http_{error.status}")
-            return f"{worker.worker_id}: HTTP {error.status}"
-        if isinstance(error, EngineAborted):  # shutting down: leaves rotation as it drains
-            self._worker_failed(worker, "aborted")
-            return f"{worker.worker_id}: the engine aborted the request"
-        self._worker_failed(worker, "bad_handoff")
-        return f"{worker.worker_id}: {error}"
-
     async def _complete(
         self, request: PreparedRequest, worker: WorkerState, body: bytes, mode: str
     ) -> Response:
@@ -449,7 +431,7 @@ class Orchestrator:
         )  # fmt: skip
         if ABORTED.search(payload):  # a whole answer cut short: try another worker
             raise EngineAborted
-        self._worker_answered(worker)
+        self._outcomes.answered(worker)
         self._metrics.stage.labels(request.model, "decode").observe(self._clock() - called_s)
         elapsed_s = self._clock() - request.arrived_s
         metrics, tenant_class = self._metrics, request.tenant_class
@@ -498,7 +480,7 @@ class Orchestrator:
             seat.ticket.end()
             self._streamed(request, mode, stats)
             if stats.failure and not seat.failed:
-                self._worker_failed(seat.worker, "stream_broken", at_once=True)
+                self._outcomes.failed(seat.worker, "stream_broken", at_once=True)
 
         relay = SSERelay(
             StreamStats(started_s=request.arrived_s), clock=self._clock,
@@ -539,7 +521,7 @@ class Orchestrator:
             # left the model no worker for circuit_open_s).
             seat.failed = True
             return None
-        self._worker_failed(seat.worker, "stream_broken", at_once=True)
+        self._outcomes.failed(seat.worker, "stream_broken", at_once=True)
         seat.failed = True
         continuation = transcript.continuation()
         outcome, opened = "not_continuable", None
@@ -583,9 +565,9 @@ class Orchestrator:
                     if isinstance(failure, EngineHTTPError) and failure.status < 500:
                         log.warning("%s refused a continuation: %s", worker.worker_id, failure)
                         return None
-                    self._triage(worker, failure)
+                    self._outcomes.triage(worker, failure)
                     continue
-                self._worker_answered(worker)
+                self._outcomes.answered(worker)
                 log.info("a %s stream moved from %s to %s after %d tokens", request.model,
                          seat.worker.worker_id, worker.worker_id,
                          continuation.tokens_before)  # fmt: skip
@@ -614,21 +596,6 @@ class Orchestrator:
         if stats.usage.completion_tokens > 1:
             tpot_s = (ended_s - stats.first_byte_s) / (stats.usage.completion_tokens - 1)
             metrics.tpot.labels(model).observe(tpot_s)
-
-    def _worker_failed(self, worker: WorkerState, kind: str, *, at_once: bool = False) -> None:
-        """Count a failed request; ``at_once``: the engine is gone, open its circuit now."""
-        self._metrics.upstream_failures.labels(worker.role.value, kind).inc()
-        if self._registry.request_failed(worker.worker_id, self._clock(), at_once=at_once):
-            breaker = worker.breaker
-            log.warning("%s: circuit open for %.0f s after %d failed requests (last: %s)",
-                        worker.worker_id, breaker.open_for_s, breaker.failures, kind)  # fmt: skip
-            self._metrics.circuit_trips.labels(worker.worker_id).inc()
-            self._metrics.circuit_open.labels(worker.worker_id).set(1)
-
-    def _worker_answered(self, worker: WorkerState) -> None:
-        if self._registry.request_succeeded(worker.worker_id, self._clock()):
-            log.info("%s: circuit closed, its trial request succeeded", worker.worker_id)
-            self._metrics.circuit_open.labels(worker.worker_id).set(0)
 
 
 @dataclass

@@ -3,8 +3,9 @@
     api -> prepare -> [fan_out] -> admit (measures the prompt: head, then whole)
         -> schedule + orchestrate -> relay
 
-``api.py`` reads and authorizes the body and calls ``prepare``; this module runs the
-rest for each choice: the pools that would serve it now, admission (one call: it has
+``api.py`` reads and authorizes the body and calls ``prepare``; an embeddings request
+then goes to the model's embedding pool (``embed.py``), and this module runs the rest of
+a generation for each choice: the pools that would serve it now, admission (one call: it has
 the prompt measured with that pool's tokenizer, through ``PromptMeasures``, as far as it
 needs), then the orchestrator (which asks the scheduler for each worker and relays the
 answer).
@@ -19,11 +20,14 @@ from collections.abc import Callable
 from fastapi.responses import Response
 
 from router.admission.admit import Admission, PromptMeasures
+from router.errors import InvalidRequest
 from router.fleet.registry import Pools, WorkerRegistry
 from router.observability.metrics import RouterMetrics
+from router.orchestration.embed import Embedder
 from router.orchestration.orchestrate import Orchestrator
 from router.prepare.fan_out import serve_choices, split_choices
 from router.prepare.prepare import (
+    Endpoint,
     PreparedRequest,
     PromptHead,
     Tokenized,
@@ -45,6 +49,7 @@ class RequestPipeline:
         token_cache: TokenPrefixCache,
         admission: Admission,
         orchestrator: Orchestrator,
+        embedder: Embedder,
         metrics: RouterMetrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -54,6 +59,7 @@ class RequestPipeline:
         self._token_cache = token_cache
         self._admission = admission
         self._orchestrator = orchestrator
+        self._embedder = embedder
         self._metrics = metrics
         self._clock = clock
         self._measures = PromptMeasures(head=self._head, whole=self._measure)
@@ -62,6 +68,9 @@ class RequestPipeline:
         return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
 
     async def serve(self, request: PreparedRequest) -> Response:
+        if self._check_kind(request):
+            pools = self._registry.pools(request.model, self._clock(), request.version)
+            return await self._embedder.serve(request, pools.embed)
         self._admission.check_limits(request)
         choices = split_choices(
             request.body, chat=request.chat, max_choices=self._settings.max_choices_per_request
@@ -88,6 +97,20 @@ class RequestPipeline:
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
 
+    def _check_kind(self, request: PreparedRequest) -> bool:
+        """True for an embeddings request; a 400 for one its model cannot answer (an
+        embedding model generates nothing, a generative one has no pooler here)."""
+        embeds = self._registry.embeds(request.model)
+        wanted = request.endpoint is Endpoint.EMBEDDINGS
+        if embeds != wanted:
+            kind = "an embedding model" if embeds else "a generative model"
+            served = "/v1/embeddings" if embeds else "/v1/completions and /v1/chat/completions"
+            raise InvalidRequest(
+                f"model {request.model!r} is {kind}: it serves {served} only",
+                param="model", code="wrong_model_kind",
+            )  # fmt: skip
+        return wanted
+
     def _head(self, request: PreparedRequest, pools: Pools) -> PromptHead | None:
         return measure_head(request, pools.first_hop, self._hashers, token_cache=self._token_cache,
                             head_chars=self._settings.early_bound_head_chars)  # fmt: skip
@@ -96,6 +119,8 @@ class RequestPipeline:
         """A mirrored copy (``shadow.py``): measured, scheduled and orchestrated on its
         version's workers, outside admission (it takes no tenant's rate or queue)."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
+        if self._check_kind(request):
+            return await self._embedder.serve(request, pools.embed, rate_limited=False)
         blocks = await self._measure(request, pools)
         return await self._orchestrator.serve(request, pools, blocks, prefilled=lambda: None)
 

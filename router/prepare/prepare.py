@@ -31,8 +31,9 @@ from router.prepare.context_window import check_prompt_chars, check_prompt_token
 from router.prepare.prompt_blocks import BlockHashers, PromptBlocks
 from router.prepare.schemas import (
     ChatCompletionRequest,
+    ClientRequest,
     CompletionRequest,
-    GenerationRequest,
+    EmbeddingRequest,
     validate,
 )
 from router.prepare.token_prefix_cache import TokenPrefixCache
@@ -41,18 +42,27 @@ from router.prepare.token_prefix_cache import TokenPrefixCache
 class Endpoint(enum.Enum):
     COMPLETIONS = "completions"
     CHAT = "chat"
+    EMBEDDINGS = "embeddings"
 
     @property
     def path(self) -> str:
-        return "/v1/chat/completions" if self is Endpoint.CHAT else "/v1/completions"
+        return _PATHS[self]
 
     @property
-    def schema(self) -> type[GenerationRequest]:
-        return ChatCompletionRequest if self is Endpoint.CHAT else CompletionRequest
+    def schema(self) -> type[ClientRequest]:
+        return _SCHEMAS[self]
 
     @property
     def prompt_param(self) -> str:
-        return "messages" if self is Endpoint.CHAT else "prompt"
+        return _PROMPT_PARAMS[self]
+
+
+_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions",
+          Endpoint.EMBEDDINGS: "/v1/embeddings"}  # fmt: skip
+_SCHEMAS: dict[Endpoint, type[ClientRequest]] = {Endpoint.COMPLETIONS: CompletionRequest,
+    Endpoint.CHAT: ChatCompletionRequest, Endpoint.EMBEDDINGS: EmbeddingRequest}  # fmt: skip
+_PROMPT_PARAMS = {Endpoint.COMPLETIONS: "prompt", Endpoint.CHAT: "messages",
+                  Endpoint.EMBEDDINGS: "input"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +139,8 @@ def prepare(
             param="model", code="model_not_allowed",
         )  # fmt: skip
     return PreparedRequest(
-        endpoint=endpoint, body=body, model=served, stream=parsed.stream, arrived_s=arrived_s,
+        endpoint=endpoint, body=body, model=served, stream=getattr(parsed, "stream", False),
+        arrived_s=arrived_s,
         requested_model=parsed.model, tenant=tenant,
         priority=tenant.priority_for(priority_header), ttft_slo_s=_slo_s(ttft_slo_header),
     )  # fmt: skip

@@ -6,7 +6,7 @@ wrong; every other field (vLLM's sampling extras) passes through untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -58,9 +58,23 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
 
 
-def validate(
-    model: type[GenerationRequest], body: Any, *, max_tokens_cap: int
-) -> GenerationRequest:
+class EmbeddingRequest(BaseModel):
+    """``/v1/embeddings``: the fields the router reads. vLLM checks the rest (an empty
+    input, ``dimensions`` on a model without them, its extras such as
+    ``truncate_prompt_tokens``) and its errors pass through as it answers them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[str] | list[int] | list[list[int]]
+    stream: Literal[False] = False
+    kv_transfer_params: None = Field(None, description="set by the router, never by clients")
+
+
+ClientRequest = GenerationRequest | EmbeddingRequest
+
+
+def validate(model: type[ClientRequest], body: Any, *, max_tokens_cap: int) -> ClientRequest:
     """Validate ``body`` or raise ``InvalidRequest`` naming the first bad field."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
@@ -74,7 +88,7 @@ def validate(
                 "kv_transfer_params is set by the router; remove it", param=param
             ) from None
         raise InvalidRequest(f"{param}: {first['msg']}", param=param) from None
-    if request.stream_options is not None and not request.stream:
+    if getattr(request, "stream_options", None) is not None and not request.stream:
         raise InvalidRequest(
             "stream_options is only allowed with stream=true", param="stream_options"
         )

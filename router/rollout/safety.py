@@ -143,11 +143,12 @@ class Screen:
 
 
 def request_text(body: dict[str, Any], *, chat: bool) -> str:
-    """The text a client sent: every message's text parts, or the prompt(s)."""
+    """The text a client sent: every message's text parts, or the prompt(s), or the
+    inputs to embed."""
     if chat:
         return "\n".join(_content_text(m.get("content")) for m in body.get("messages") or ()
                          if isinstance(m, dict))  # fmt: skip
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", body.get("input"))
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list):

@@ -125,3 +125,36 @@ def test_a_registration_the_router_cannot_route_is_refused_with_400(router):
     assert "prefix_caching_hash_algo" in answer.json()["error"]["message"]
     workers = router.admin("GET", "/admin/workers").json()["workers"]
     assert "p-xx" not in {w["worker_id"] for w in workers}
+
+
+def test_a_request_for_the_other_kind_of_model_is_a_clear_400(router):
+    router.register("e-kind", "embed", "an-embedder", dead_url())
+    router.register("c-kind", "colocated", "a-generator", dead_url())
+    chat = post(router, "/v1/chat/completions", json={**CHAT, "model": "an-embedder"})
+    embed = post(router, "/v1/embeddings", json={"model": "a-generator", "input": "hi"})
+    for response in (chat, embed):
+        assert response.status_code == 400
+        assert (error_of(response)["param"], error_of(response)["code"]) == (
+            "model", "wrong_model_kind",
+        )  # fmt: skip
+    assert "/v1/embeddings" in error_of(chat)["message"]
+
+
+def test_more_inputs_than_the_cap_are_413_before_any_worker_is_asked(router):
+    router.register("e-cap", "embed", "capped-embedder", dead_url())
+    response = post(router, "/v1/embeddings", json={"model": "capped-embedder",
+                                                    "input": ["a"] * 2049})  # fmt: skip
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "too_many_inputs"
+    workers = router.admin("GET", "/admin/workers").json()["workers"]
+    assert {w["worker_id"]: w["circuit"] for w in workers}["e-cap"] == "closed"
+
+
+def test_dead_embedding_workers_are_each_tried_then_a_clear_502(router):
+    router.register("e-dead-0", "embed", "doomed-embedder", dead_url())
+    router.register("e-dead-1", "embed", "doomed-embedder", dead_url())
+    response = post(router, "/v1/embeddings", json={"model": "doomed-embedder", "input": "hi"})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "embedding_failed"
+    assert "e-dead-0" in error["message"] and "e-dead-1" in error["message"]

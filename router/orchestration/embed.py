@@ -1,0 +1,164 @@
+"""The embeddings path: ``/v1/embeddings`` on a model's embedding pool.
+
+An embedding worker (vLLM's pooling runner) keeps no KV that a later request reuses,
+so there is no prefix to route by: a request goes to the least-loaded worker (the
+router's own requests in flight there, then what the engine last reported running and
+waiting). vLLM validates the inputs and answers: its answer, or its error with its
+status (an empty input, one past the context), goes back unchanged. A worker that
+fails (unreachable, a 5xx) is counted as on the generation path (``worker_outcomes.py``)
+and the request goes to another, ``embedding_retries`` times at most.
+
+Before any worker is asked, the inputs are counted with the model's tokenizer (token
+ids as they are) and charged to the tenant's rate limits, as a prompt is; a request of
+more than ``max_embedding_inputs`` inputs is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi.responses import Response
+
+from contracts.tokenization import load_tokenizer
+from router.admission.admit import Admission
+from router.errors import InvalidRequest, NoCapacity, RequestTooLarge, UpstreamFailed
+from router.fleet.registry import WorkerRegistry, WorkerState
+from router.observability.metrics import RouterMetrics
+from router.orchestration.engine_client import EngineClient
+from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
+from router.orchestration.usage import Usage
+from router.orchestration.worker_outcomes import WorkerOutcomes
+from router.prepare.prepare import PreparedRequest
+from router.scheduling.load import InFlightLoad
+from router.settings import RouterSettings
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+Inputs = list[str] | list[list[int]]
+
+
+class Embedder:
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        registry: WorkerRegistry,
+        engines: EngineClient,
+        admission: Admission,
+        load: InFlightLoad,
+        metrics: RouterMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._max_inputs = settings.server.max_embedding_inputs
+        self._offload_chars = settings.server.tokenize_offload_chars
+        self._timeout_s = settings.upstream.embedding_timeout_s
+        self._retries = settings.upstream.embedding_retries
+        self._retry_after_s = settings.server.retry_after_s
+        self._engines = engines
+        self._admission = admission
+        self._load = load
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._outcomes = WorkerOutcomes(registry, metrics, clock)
+
+    def __repr__(self) -> str:
+        return f"Embedder(max_inputs={self._max_inputs})"
+
+    async def serve(
+        self, request: PreparedRequest, pool: Sequence[WorkerState], *, rate_limited: bool = True
+    ) -> Response:
+        """Answer ``request`` on ``pool``; ``rate_limited`` off for a shadow's copy."""
+        inputs = _inputs(request.body.get("input"))
+        if len(inputs) > self._max_inputs:
+            raise RequestTooLarge(
+                f"{len(inputs)} inputs; at most {self._max_inputs} are accepted per request",
+                param="input", code="too_many_inputs",
+            )  # fmt: skip
+        if not pool:
+            raise NoCapacity(
+                f"no ready embedding worker for model {request.model!r}; retry shortly",
+                code="no_ready_worker", retry_after_s=self._retry_after_s,
+            )  # fmt: skip
+        tokens = await self._count(inputs, pool)
+        if rate_limited:
+            await self._admission.rate_limit(request, tokens)
+        body = json.dumps(request.body).encode()
+        tried: list[str] = []
+        failures: list[str] = []
+        while len(tried) <= self._retries:
+            worker = self._least_loaded(pool, tried)
+            if worker is None:
+                break
+            tried.append(worker.worker_id)
+            try:
+                with self._load.begin(worker.worker_id, tokens):
+                    payload = await self._engines.post_json(
+                        worker.engine_url + EMBEDDINGS_PATH, body, timeout_s=self._timeout_s
+                    )
+            except (EngineUnreachable, EngineHTTPError) as error:
+                failures.append(self._outcomes.triage(worker, error))  # a 4xx is re-raised
+                continue
+            self._outcomes.answered(worker)
+            self._observe(request, payload)
+            return Response(content=payload, media_type="application/json")
+        raise UpstreamFailed("embedding failed: " + "; ".join(failures), code="embedding_failed")
+
+    def _least_loaded(self, pool: Sequence[WorkerState], tried: list[str]) -> WorkerState | None:
+        candidates = [w for w in pool if w.worker_id not in tried]
+        if not candidates:
+            return None
+
+        def load(worker: WorkerState) -> tuple[int, float, float]:
+            engine = worker.load
+            running = engine.num_requests_running + engine.num_requests_waiting
+            return self._load.of(worker.worker_id).requests, running, self._rng.random()
+
+        return min(candidates, key=load)
+
+    async def _count(self, inputs: Inputs, pool: Sequence[WorkerState]) -> int:
+        """The inputs' tokens, as the engine will count them (its tokenizer, with its
+        special tokens); 0 when no worker names its tokenizer."""
+        path = next((w.registration.tokenizer_path for w in pool if w.registration.tokenizer_path),
+                    None)  # fmt: skip
+        if path is None:
+            return 0
+        tokenizer = load_tokenizer(str(path))
+
+        def count() -> int:
+            return sum(
+                len(x) if isinstance(x, list) else len(tokenizer.encode(x, add_special_tokens=True))
+                for x in inputs
+            )
+
+        chars = sum(len(x) for x in inputs if isinstance(x, str))
+        return await asyncio.to_thread(count) if chars > self._offload_chars else count()
+
+    def _observe(self, request: PreparedRequest, payload: bytes) -> None:
+        try:
+            usage = json.loads(payload).get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        except (ValueError, AttributeError, TypeError):
+            return
+        self._metrics.observe_usage(
+            request.model, request.tenant_class, Usage(prompt_tokens, 0), counts_prompt=True
+        )
+        latency = self._metrics.e2e.labels(request.model, "embed", request.tenant_class,
+                                           request.stage)  # fmt: skip
+        latency.observe(self._clock() - request.arrived_s)
+
+
+def _inputs(value: Any) -> Inputs:
+    """OpenAI's four shapes of ``input``, as a list of inputs (validated by the schema)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
+        return [value]
+    if isinstance(value, list):
+        return value
+    raise InvalidRequest("input must be a string, a list of strings or token ids", param="input")

@@ -1,0 +1,118 @@
+"""``/v1/embeddings`` through the router on a real vLLM pooling engine (all-MiniLM-L6-v2):
+held against the engine it routes to (the same status, error shape, vectors and usage)
+and against sentence-transformers' own encoding of the same folder."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from loadgen.prometheus_text import scrape, total
+from modelstore import minilm
+
+pytestmark = pytest.mark.vllm
+
+MODEL = minilm.SERVED_NAME
+TEXTS = ["The capital of France is Paris.", "A cat sat on the mat.", "Disaggregated serving"]
+LONG = "word " * 400  # past the model's 256-token context
+CASES = {
+    "one string": {"input": TEXTS[0]},
+    "strings": {"input": TEXTS},
+    "token ids": {"input": [101, 7592, 2088, 102]},
+    "token id lists": {"input": [[101, 7592, 102], [101, 2088, 2003, 1012, 102]]},
+    "base64": {"input": TEXTS, "encoding_format": "base64"},
+    "user": {"input": TEXTS[1], "user": "tenant-7"},
+    "truncated": {"input": LONG, "truncate_prompt_tokens": 32},
+    # vLLM's own refusals, passed on as it answers them
+    "dimensions": {"input": TEXTS[0], "dimensions": 64},
+    "past the context": {"input": LONG},
+    "no inputs": {"input": []},
+}
+
+
+def vectors(answer: dict) -> list[np.ndarray]:
+    out = []
+    for item in sorted(answer["data"], key=lambda d: d["index"]):
+        embedding = item["embedding"]
+        if isinstance(embedding, str):
+            embedding = np.frombuffer(base64.b64decode(embedding), dtype="<f4")
+        out.append(np.asarray(embedding, dtype=np.float64))
+    return out
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def urls(embed_cluster) -> tuple[str, str]:
+    return embed_cluster.router_url, embed_cluster.worker("embed-0").engine_url
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_router_answers_as_the_engine_does(urls, case):
+    router_url, engine_url = urls
+    body = {"model": MODEL, **CASES[case]}
+    through = httpx.post(router_url + "/v1/embeddings", json=body, timeout=60)
+    direct = httpx.post(engine_url + "/v1/embeddings", json=body, timeout=60)
+    assert through.status_code == direct.status_code, (through.text, direct.text)
+    if direct.status_code != 200:
+        error = through.json()["error"]
+        assert set(error) >= {"message", "type", "param", "code"} and error["message"]
+        return
+    ours, theirs = through.json(), direct.json()
+    assert ours["usage"] == theirs["usage"] and ours["usage"]["prompt_tokens"] > 0
+    assert ours["model"] == MODEL and len(ours["data"]) == len(theirs["data"])
+    for a, b in zip(vectors(ours), vectors(theirs), strict=True):
+        assert cosine(a, b) >= 0.9999
+
+
+def test_vectors_match_sentence_transformers_own_encoding(urls):
+    """Pooling (mean) and normalization right end to end, not only the engine's."""
+    from sentence_transformers import SentenceTransformer
+
+    answer = httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": TEXTS},
+                        timeout=60).json()  # fmt: skip
+    reference = SentenceTransformer(str(minilm.ensure()), device="cpu").encode(TEXTS)
+    for ours, theirs in zip(vectors(answer), reference, strict=True):
+        assert cosine(ours, theirs.astype(np.float64)) >= 0.999
+        assert np.linalg.norm(ours) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_the_openai_sdk_works_unchanged(urls, encoding_format):
+    client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="unused")
+    answer = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format=encoding_format)
+    assert [d.index for d in answer.data] == [0, 1, 2]
+    first = answer.data[0].embedding
+    if encoding_format == "base64":  # the SDK hands back what the server sent
+        first = np.frombuffer(base64.b64decode(first), dtype="<f4").tolist()
+    assert len(first) == 384 and answer.usage.prompt_tokens > 0
+
+
+def test_a_chat_on_an_embedding_model_is_a_clear_400(urls):
+    answer = httpx.post(urls[0] + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=30)  # fmt: skip
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "wrong_model_kind"
+
+
+def test_embedding_requests_and_their_tokens_are_counted(urls):
+    router_url = urls[0]
+
+    def counted() -> tuple[float, float]:
+        metrics = scrape(router_url + "/metrics")
+        return (total(metrics, "pdserve_requests_total", model=MODEL, endpoint="embeddings",
+                      status="200"),
+                total(metrics, "pdserve_prompt_tokens_total", model=MODEL))  # fmt: skip
+
+    requests_before, tokens_before = counted()
+    answer = httpx.post(router_url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS},
+                        timeout=60).json()  # fmt: skip
+    requests_after, tokens_after = counted()
+    assert requests_after - requests_before == 1
+    assert tokens_after - tokens_before == answer["usage"]["prompt_tokens"]
