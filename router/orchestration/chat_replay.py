@@ -33,14 +33,10 @@ import re
 from typing import Any
 
 from router.errors import ContinuationDiverged
+from router.orchestration.sse_events import CONTENT, DATA, DONE, EVENT_END, OUTPUT_IDS
 
-_EVENT_END = b"\n\n"
-_DATA = b"data: "
-_DONE = b"data: [DONE]"
 # A delta with more than plain content: read whole (most events are content alone).
 _NOT_CONTENT = re.compile(rb'"(?:tool_calls|reasoning_content|reasoning|role)":\s*[\[{"]')
-_CONTENT = re.compile(rb'"content":\s*"((?:[^"\\]|\\.)*)"')
-_OUTPUT_IDS = re.compile(rb'"token_ids":\s*\[([0-9,\s]*)\]')
 _CONTENT_CHANNEL = "content"
 
 
@@ -62,16 +58,16 @@ class ChatRecord:
     def add(self, events: bytes) -> None:
         if not self._readable:
             return
-        for event in events.split(_EVENT_END):
-            if not event.startswith(_DATA) or event.startswith(_DONE):
+        for event in events.split(EVENT_END):
+            if not event.startswith(DATA) or event.startswith(DONE):
                 continue
-            if ids := _OUTPUT_IDS.search(event):
+            if ids := OUTPUT_IDS.search(event):
                 self.tokens += len(ids[1].split(b",")) if ids[1].strip() else 0
             if not _NOT_CONTENT.search(event):
-                if (content := _CONTENT.search(event)) and content[1]:
+                if (content := CONTENT.search(event)) and content[1]:
                     self._add(_CONTENT_CHANNEL, content[1])
                 continue
-            for choice in json.loads(event[len(_DATA) :]).get("choices") or ():
+            for choice in json.loads(event[len(DATA) :]).get("choices") or ():
                 for channel, piece in _pieces(choice.get("delta") or {}):
                     self._add(channel, json.dumps(piece)[1:-1].encode())
         if self._size > self._max_bytes:
@@ -114,13 +110,13 @@ class ReplayedChat:
         return f"ReplayedChat(owed_channels={len(self._owed)})"
 
     def edit(self, events: bytes) -> bytes:
-        kept = [self._edit_one(e) for e in events.split(_EVENT_END) if e]
-        return b"".join(e + _EVENT_END for e in kept if e)
+        kept = [self._edit_one(e) for e in events.split(EVENT_END) if e]
+        return b"".join(e + EVENT_END for e in kept if e)
 
     def _edit_one(self, event: bytes) -> bytes:
-        if not event.startswith(_DATA) or event.startswith(_DONE):
+        if not event.startswith(DATA) or event.startswith(DONE):
             return event
-        chunk = json.loads(event[len(_DATA) :])
+        chunk = json.loads(event[len(DATA) :])
         choices = chunk.get("choices")
         if choices:
             chunk["prompt_token_ids"] = None  # the client got them in the first answer
@@ -129,7 +125,7 @@ class ReplayedChat:
             if all(not c["delta"] and c.get("finish_reason") is None for c in choices):
                 return b""  # all of it was received already
         chunk.update(self._marks)
-        return _DATA + json.dumps(chunk, separators=(",", ":")).encode()
+        return DATA + json.dumps(chunk, separators=(",", ":")).encode()
 
     def _cut(self, delta: dict[str, Any]) -> dict[str, Any]:
         cut: dict[str, Any] = {}

@@ -52,11 +52,9 @@ from typing import Any
 
 from router.errors import ContinuationDiverged
 from router.orchestration.chat_replay import ChatRecord, ReplayedChat
+from router.orchestration.sse_events import CONTENT, DATA, DONE, EVENT_END, OUTPUT_IDS
 from router.prepare.prepare import Endpoint, PreparedRequest
 
-_EVENT_END = b"\n\n"
-_DATA = b"data: "
-_DONE = b"data: [DONE]"
 # vLLM's completion chunks always carry both fields (null unless asked): a list becomes
 # null again, and the client sees what it would have seen without the router's ask.
 _TOKEN_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[0-9,\s]*\]')
@@ -218,9 +216,7 @@ class _Received:
 _RESPONSE_ID = re.compile(rb'"id":\s*"([^"\\]*)"')
 _CREATED = re.compile(rb'"created":\s*([0-9]+)')
 _PROMPT_IDS = re.compile(rb'"prompt_token_ids":\s*\[([0-9,\s]*)\]')
-_OUTPUT_IDS = re.compile(rb'"token_ids":\s*\[([0-9,\s]*)\]')
 _TEXT = re.compile(rb'"text":\s*"((?:[^"\\]|\\.)*)"')
-_CONTENT = re.compile(rb'"content":\s*"((?:[^"\\]|\\.)*)"')
 # A chat delta that is not plain text (a tool call, reasoning): nothing to go on from.
 _NOT_TEXT = re.compile(rb'"(?:tool_calls|reasoning_content|reasoning)":\s*[\[{"]')
 _EVENT_SEPARATOR, _TEXT_SEPARATOR = b";", b"\x00"  # neither occurs in what they separate
@@ -234,7 +230,7 @@ class _Record:
 
     def __init__(self, max_bytes: int, *, chat: bool) -> None:
         self._max_bytes = max_bytes
-        self._text = _CONTENT if chat else _TEXT
+        self._text = CONTENT if chat else _TEXT
         self._response_id = b""
         self._created = b"0"
         self._prompt_ids = b""
@@ -253,8 +249,8 @@ class _Record:
                 self._created = created[1]
         if not self._prompt_ids and (found := _PROMPT_IDS.search(events)):
             self._prompt_ids = found[1]
-        for event in events.split(_EVENT_END):
-            ids, text = _OUTPUT_IDS.search(event), self._text.search(event)
+        for event in events.split(EVENT_END):
+            ids, text = OUTPUT_IDS.search(event), self._text.search(event)
             if ids is None and (text is None or not text[1]):
                 continue  # no output: a chat's role, the usage, [DONE]
             if ids is None or text is None or _NOT_TEXT.search(event):
@@ -307,13 +303,13 @@ class _ContinuedEvents:
         self._chat = chat
 
     def edit(self, events: bytes) -> bytes:
-        kept = [self._edit_one(e) for e in events.split(_EVENT_END) if e]
-        return b"".join(e + _EVENT_END for e in kept if e)
+        kept = [self._edit_one(e) for e in events.split(EVENT_END) if e]
+        return b"".join(e + EVENT_END for e in kept if e)
 
     def _edit_one(self, event: bytes) -> bytes:
-        if not event.startswith(_DATA) or event.startswith(_DONE):
+        if not event.startswith(DATA) or event.startswith(DONE):
             return event
-        chunk = json.loads(event[len(_DATA) :])
+        chunk = json.loads(event[len(DATA) :])
         chunk["id"] = self.received_before.response_id
         usage = chunk.get("usage")
         if isinstance(usage, dict) and not chunk.get("choices"):
@@ -335,7 +331,7 @@ class _ContinuedEvents:
         if self._chat:
             chunk = self._as_chat_chunk(chunk)
         chunk[MIGRATION_FIELD] = self._marker
-        return _DATA + json.dumps(chunk, separators=(",", ":")).encode()
+        return DATA + json.dumps(chunk, separators=(",", ":")).encode()
 
     def _as_chat_chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """A completion chunk as the chat chunk vLLM would have sent in its place."""

@@ -25,12 +25,10 @@ from dataclasses import dataclass
 from router.errors import APIError, UpstreamFailed, UpstreamTimeout, sse_error_event
 from router.orchestration.engine_client import EngineConnection, StreamIdle
 from router.orchestration.engine_errors import ABORTED, EngineAborted
+from router.orchestration.sse_events import DATA, DONE, EVENT_END
 from router.orchestration.usage import Usage, usage_in_events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_DONE = b"data: [DONE]"
-_EVENT_END = b"\n\n"
-_DATA = b"data: "
 # A choice that ended as an answer ends (not aborted); the marks of a stream's end.
 _FINISHED = re.compile(rb'"finish_reason":\s*"(?!abort")')
 _END_MARKS = re.compile(rb'"choices":\s*\[\]|data: \[DONE\]')
@@ -85,7 +83,7 @@ class SSERelay:
         if self.aborted:  # what follows an abort (usage, [DONE]) is not the answer's end
             return b""
         pending = self._pending + chunk if self._pending else chunk
-        cut = pending.rfind(_EVENT_END)
+        cut = pending.rfind(EVENT_END)
         if cut < 0:
             self._pending = pending
             return b""
@@ -113,8 +111,8 @@ class SSERelay:
         usage, ready = usage_in_events(ready, strip=self._strip_usage)
         if usage is not None:
             stats.usage = usage
-        stats.events += ready.count(_DATA)
-        if _DONE in ready:
+        stats.events += ready.count(DATA)
+        if DONE in ready:
             stats.completed = True
         return ready
 
@@ -159,7 +157,7 @@ def _cut_short(events: bytes, finished: bool) -> int | None:
         marks.append(end.start())
     if not marks:
         return None
-    cut = events.rfind(_EVENT_END, 0, min(marks))
+    cut = events.rfind(EVENT_END, 0, min(marks))
     return cut + 2 if cut >= 0 else 0
 
 

@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from router.orchestration.sse_events import EVENT_END
+
 _USAGE = b'"usage"'
-_EVENT_END = b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def usage_in_events(events: bytes, *, strip: bool) -> tuple[Usage | None, bytes]
     if _USAGE not in events:
         return None, events
     found, kept = None, []
-    for event in events.split(_EVENT_END):
+    for event in events.split(EVENT_END):
         if _USAGE in event and event.startswith(b"data: {"):
             try:
                 chunk = json.loads(event[6:])
@@ -60,7 +61,7 @@ def usage_in_events(events: bytes, *, strip: bool) -> tuple[Usage | None, bytes]
                 if strip and not chunk.get("choices"):
                     continue
         kept.append(event)
-    return found, _EVENT_END.join(kept)
+    return found, EVENT_END.join(kept)
 
 
 def with_usage_requested(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
