@@ -119,7 +119,8 @@ class ReplayedChat:
         chunk = json.loads(event[len(DATA) :])
         choices = chunk.get("choices")
         if choices:
-            chunk["prompt_token_ids"] = None  # the client got them in the first answer
+            if "prompt_token_ids" in chunk:  # the client got them in the first answer
+                chunk["prompt_token_ids"] = None
             for choice in choices:
                 choice["delta"] = self._cut(choice.get("delta") or {})
             if all(not c["delta"] and c.get("finish_reason") is None for c in choices):
