@@ -24,8 +24,6 @@ class Generation:
     # streamed: the distinct pdserve_migration fields, and the chunks before the first
     migrations: list[dict] = field(default_factory=list)
     chunks_before_migration: int | None = None
-    # streamed chat: each tool call's ids (one, unless they changed), name and arguments
-    tool_calls: dict[int, dict] = field(default_factory=dict)
 
 
 def choice_text(choice: dict) -> str:
@@ -91,14 +89,5 @@ def _fold_chunk(result: Generation, chunk: dict) -> None:
         index = choice.get("index", 0)
         result.texts[index] = result.texts.get(index, "") + choice_text(choice)
         result.token_ids += choice.get("token_ids") or []
-        for call in (choice.get("delta") or {}).get("tool_calls") or ():
-            _fold_tool_call(result.tool_calls.setdefault(call["index"], {"ids": []}), call)
     if chunk.get("usage"):
         result.usage = chunk["usage"]
-
-
-def _fold_tool_call(folded: dict, delta: dict) -> None:
-    if delta.get("id") and delta["id"] not in folded["ids"]:
-        folded["ids"].append(delta["id"])
-    for part, text in (delta.get("function") or {}).items():
-        folded[part] = folded.get(part, "") + (text or "")

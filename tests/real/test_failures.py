@@ -148,44 +148,32 @@ def test_a_greedy_stream_whose_decode_is_killed_at_token_50_completes_unchanged(
     assert migrated - migrated_before == 1
 
 
-# The arguments' schema holds the call to 150 letters: long enough to be cut at chunk 50.
-FORCED_TOOL_CALL = {
-    "tools": [{"type": "function", "function": {"name": "write", "parameters": {
-        "type": "object", "required": ["text"],
-        "properties": {"text": {"type": "string", "pattern": "^[a-z ]{150}$"}}}}}],
-    "tool_choice": {"type": "function", "function": {"name": "write"}},
-}  # fmt: skip
+# Letters and spaces only, longer than max_tokens allows: cut at chunk 50, ended by length.
+GRAMMAR = {"structured_outputs": {"regex": "[a-z ]{2000}"}}
 
 
 @pytest.mark.parametrize(
     ("path", "extra"),
-    [("/v1/chat/completions", FORCED_TOOL_CALL),
-     ("/v1/completions", {"structured_outputs": {"regex": "[a-z ]{150}"}})],
-    ids=["chat with a forced tool call", "completion under a grammar"],
+    [("/v1/chat/completions", GRAMMAR), ("/v1/completions", GRAMMAR)],
+    ids=["chat under a grammar", "completion under a grammar"],
 )  # fmt: skip
 def test_a_guided_greedy_stream_whose_decode_is_killed_is_replayed_unchanged(
     cluster, router_url, path, extra
 ):
-    """A grammar's state (guided decoding, which a forced tool call is) and a tool call's
-    deltas (parsed by the chat, under an id vLLM draws) come back only from a run from
-    the start: the same request again elsewhere, less what the client already got."""
+    """A grammar's state comes back only from a run from the start: the same request
+    again elsewhere, less what the client already got (a chat as the chat again,
+    ``chat_replay.py``). Tool calls take that same chat path; vLLM parses them only with
+    a --tool-call-parser, which these engines do not run: ``test_chat_replay.py`` checks
+    their deltas."""
     asked = {"prompt": "write"} if path == "/v1/completions" else {
         "messages": [{"role": "user", "content": "write"}]}  # fmt: skip
     body = {"model": MODEL, "max_tokens": 200, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **asked, **extra}  # fmt: skip
     uninterrupted = generate(router_url, path, body)
     assert uninterrupted.done and uninterrupted.chunks > 60, uninterrupted
-    if "tools" in extra:
-        assert uninterrupted.tool_calls[0]["name"] == "write"
     moved = kill_the_decode_and_wait_for_its_restart(cluster, router_url, path, body)
     assert moved.status == 200 and moved.done and not moved.error_events, moved.error_events
     assert moved.text == uninterrupted.text
-
-    def calls(g: Generation) -> dict:
-        return {i: (c.get("name"), c.get("arguments")) for i, c in g.tool_calls.items()}
-
-    assert calls(moved) == calls(uninterrupted)
-    assert all(len(call["ids"]) == 1 for call in moved.tool_calls.values()), moved.tool_calls
     assert moved.usage == uninterrupted.usage
     assert len(moved.response_ids) == 1
     assert [m["exact"] for m in moved.migrations] == [True]
