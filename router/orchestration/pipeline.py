@@ -68,7 +68,7 @@ class RequestPipeline:
         return f"RequestPipeline({self._admission!r}, {self._orchestrator!r})"
 
     async def serve(self, request: PreparedRequest) -> Response:
-        if self._check_kind(request):
+        if self._embedding_request(request):
             pools = self._registry.pools(request.model, self._clock(), request.version)
             return await self._embedder.serve(request, pools.embed)
         self._admission.check_limits(request)
@@ -97,9 +97,9 @@ class RequestPipeline:
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
 
-    def _check_kind(self, request: PreparedRequest) -> bool:
-        """True for an embeddings request; a 400 for one its model cannot answer (an
-        embedding model generates nothing, a generative one has no pooler here)."""
+    def _embedding_request(self, request: PreparedRequest) -> bool:
+        """Whether ``request`` asks for embeddings; raises a 400 when its model is of the
+        other kind (an embedding model generates nothing, a generative one pools nothing)."""
         embeds = self._registry.embeds(request.model)
         wanted = request.endpoint is Endpoint.EMBEDDINGS
         if embeds != wanted:
@@ -119,7 +119,7 @@ class RequestPipeline:
         """A mirrored copy (``shadow.py``): measured, scheduled and orchestrated on its
         version's workers, outside admission (it takes no tenant's rate or queue)."""
         pools = self._registry.pools(request.model, self._clock(), request.version)
-        if self._check_kind(request):
+        if self._embedding_request(request):
             return await self._embedder.serve(request, pools.embed, rate_limited=False)
         blocks = await self._measure(request, pools)
         return await self._orchestrator.serve(request, pools, blocks, prefilled=lambda: None)
