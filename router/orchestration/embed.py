@@ -8,9 +8,10 @@ status (an empty input, one past the context), goes back unchanged. A worker tha
 fails (unreachable, a 5xx) is counted as on the generation path (``worker_outcomes.py``)
 and the request goes to another, ``embedding_retries`` times at most.
 
-Before any worker is asked, the inputs are counted with the model's tokenizer (token
-ids as they are) and charged to the tenant's rate limits, as a prompt is; a request of
-more than ``max_embedding_inputs`` inputs is refused.
+Before any worker is asked, a tenant with a tokens-per-minute limit has the inputs
+counted with the model's tokenizer (token ids as they are) and charged to it, as a
+prompt is (a tenant without one is not made to wait for a count nothing reads); a
+request of more than ``max_embedding_inputs`` inputs is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from router.fleet.registry import WorkerRegistry, WorkerState
 from router.observability.metrics import RouterMetrics
 from router.orchestration.engine_client import EngineClient
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
-from router.orchestration.usage import Usage
+from router.orchestration.usage import usage_in_large_answer
 from router.orchestration.worker_outcomes import WorkerOutcomes
 from router.prepare.prepare import PreparedRequest
 from router.scheduling.load import InFlightLoad
@@ -85,8 +86,10 @@ class Embedder:
                 f"no ready embedding worker for model {request.model!r}; retry shortly",
                 code="no_ready_worker", retry_after_s=self._retry_after_s,
             )  # fmt: skip
-        tokens = await self._count(inputs, pool)
+        tokens = 0
         if rate_limited:
+            if request.tenant.policy.tpm:
+                tokens = await self._count(inputs, pool)
             await self._admission.rate_limit(request, tokens)
         body = json.dumps(request.body).encode()
         tried: list[str] = []
@@ -140,14 +143,10 @@ class Embedder:
         return await asyncio.to_thread(count) if chars > self._offload_chars else count()
 
     def _observe(self, request: PreparedRequest, payload: bytes) -> None:
-        try:
-            usage = json.loads(payload).get("usage") or {}
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        except (ValueError, AttributeError, TypeError):
+        usage = usage_in_large_answer(payload)
+        if usage is None:
             return
-        self._metrics.observe_usage(
-            request.model, request.tenant_class, Usage(prompt_tokens, 0), counts_prompt=True
-        )
+        self._metrics.observe_usage(request.model, request.tenant_class, usage, counts_prompt=True)
         latency = self._metrics.e2e.labels(request.model, "embed", request.tenant_class,
                                            request.stage)  # fmt: skip
         latency.observe(self._clock() - request.arrived_s)

@@ -131,7 +131,8 @@ class Transcript:
         self._chat = request.endpoint is Endpoint.CHAT
         self._strip_ids = not client_wants_ids
         self._received = _Record(max_bytes, chat=self._chat)
-        self._received_deltas = ChatRecord(max_bytes) if self._chat else None
+        # Read only by a chat replay, which only an exact continuation may be.
+        self._received_deltas = ChatRecord(max_bytes) if self._chat and mode.exact else None
         self._continuing: _ContinuedEvents | ReplayedChat | None = None
 
     def __repr__(self) -> str:

@@ -43,6 +43,16 @@ def usage_in_answer(payload: bytes) -> Usage | None:
         return None
 
 
+def usage_in_large_answer(payload: bytes) -> Usage | None:
+    """As ``usage_in_answer``, for an answer too large to parse for its usage alone (an
+    embeddings list, megabytes of vectors): vLLM writes ``usage`` last, so only the tail
+    from it is parsed; the whole answer only when that tail is not the end."""
+    start = payload.rfind(_USAGE)
+    if start < 0:
+        return None
+    return usage_in_answer(b"{" + payload[start:]) or usage_in_answer(payload)
+
+
 def usage_in_events(events: bytes, *, strip: bool) -> tuple[Usage | None, bytes]:
     """The last usage in a run of whole SSE events, and the events to relay: without the
     usage-only chunk when ``strip`` (the client did not ask for usage)."""

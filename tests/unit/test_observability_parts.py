@@ -14,7 +14,13 @@ from contracts.workers import WorkerHeartbeat, WorkerLoad, WorkerRegistration, W
 from router.observability.cost import parse_prices, usd_per_hour
 from router.observability.fleet_accounting import FleetAccounting, PoolKey
 from router.observability.windows import RecentSamples, SlidingSums
-from router.orchestration.usage import Usage, usage_in_answer, usage_in_events, with_usage_requested
+from router.orchestration.usage import (
+    Usage,
+    usage_in_answer,
+    usage_in_events,
+    usage_in_large_answer,
+    with_usage_requested,
+)
 
 
 class Clock:
@@ -131,6 +137,15 @@ def test_prices_parse_and_refuse_bad_entries():
     for bad in ("[1]", '{"cpu": -1}', '{"cpu": "1"}', "{", '{"cpu": true}'):
         with pytest.raises(ValueError):
             parse_prices(bad)
+
+
+def test_a_large_answers_usage_is_read_from_its_tail_or_else_from_the_whole():
+    vectors = b'"data": [{"index": 0, "embedding": [0.5, 0.25]}]'
+    usage = b'"usage": {"prompt_tokens": 9, "total_tokens": 9, "completion_tokens": 0}'
+    assert usage_in_large_answer(b'{"id": "e", ' + vectors + b", " + usage + b"}") == Usage(9, 0)
+    last_but_one = b'{"id": "e", ' + usage + b", " + vectors + b"}"
+    assert usage_in_large_answer(last_but_one) == Usage(9, 0)
+    assert usage_in_large_answer(b'{"id": "e", ' + vectors + b"}") is None
 
 
 def test_usage_is_read_from_answers_and_streams_and_stripped_when_not_asked():
