@@ -193,6 +193,10 @@ def load_tokenizer(model_dir: str) -> ModelTokenizer:
     """The tokenizer of a model folder (``tokenizer.json`` plus its config and template)."""
     folder = Path(model_dir)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # Some folders (sentence-transformers' BERTs) save padding and truncation to 128 in
+    # tokenizer.json; transformers, and so vLLM, encode a text without either.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     template = config.get("chat_template")
