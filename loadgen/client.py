@@ -7,6 +7,10 @@
   always asked for), else the number of content chunks;
 - a 200 stream that ends without ``data: [DONE]`` failed (kind ``truncated``): its
   text may be cut short, and an OpenAI client would see it as an error.
+
+An embedding request (``embed_request``) is not streamed: it is timed end to end, its
+prompt tokens are the answer's ``usage``, and a 200 whose ``data`` does not hold one
+vector per input, in order, failed (kind ``bad_answer``).
 """
 
 from __future__ import annotations
@@ -104,6 +108,37 @@ async def stream_request(
         result.error = f"{type(error).__name__}: {error}"
     result.e2e_s = time.perf_counter() - result.started_s
     result.output_tokens = result.output_tokens or chunks
+    return result
+
+
+async def embed_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    headers: dict[str, str] | None = None,
+) -> RequestResult:
+    """POST an embeddings request and time it; never raises for HTTP errors."""
+    result = RequestResult(started_s=time.perf_counter())
+    inputs = body.get("input")
+    several = isinstance(inputs, list) and inputs and not isinstance(inputs[0], int)
+    expected = len(inputs) if several else 1
+    try:
+        async with session.post(url, json=body, headers=headers) as response:
+            result.status = response.status
+            raw = await response.read()
+        if result.status != 200:
+            result.error = f"HTTP {result.status}: {raw[:600].decode(errors='replace')}"
+        else:
+            answer = json.loads(raw)
+            data = answer.get("data") or []
+            if [item.get("index") for item in data] != list(range(expected)) or not all(
+                item.get("embedding") for item in data
+            ):
+                result.error = f"bad_answer: {len(data)} vectors for {expected} inputs"
+            result.prompt_tokens = (answer.get("usage") or {}).get("prompt_tokens")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        result.error = f"{type(error).__name__}: {error}"
+    result.e2e_s = time.perf_counter() - result.started_s
     return result
 
 

@@ -5,7 +5,9 @@ traces.py), so a prompt of N words is N tokens and shared word runs are shared
 token runs: the prefix structure a dataset promises is the one the engines see.
 
 - ``random``: independent prompts, input and output lengths uniform in
-  [len x (1 - range_ratio), len x (1 + range_ratio)] (vLLM bench's random dataset);
+  [len x (1 - range_ratio), len x (1 + range_ratio)] (vLLM bench's random dataset),
+  or log-normal with mean len and sigma range_ratio (``len_dist="lognormal"``: many
+  short inputs and a long tail, as search queries and documents mix);
 - ``shared-prefix``: ``groups`` system prompts, each followed by
   ``prompts_per_group`` different questions (SGLang's generated-shared-prefix);
 - ``multi-turn``: sessions whose every turn is the previous turn's prompt plus a
@@ -13,12 +15,16 @@ token runs: the prefix structure a dataset promises is the one the engines see.
 - ``mooncake``: a Mooncake-format trace, hash ids turned into fixed word blocks,
   sent on its own timestamps;
 - ``jsonl``: your own prompts, one JSON object per line with ``prompt`` (or chat
-  ``messages``) and optional ``max_tokens``.
+  ``messages``) and optional ``max_tokens``; for embeddings, ``input``.
+
+For ``/v1/embeddings`` (``embedding_inputs``), a request is a list of
+``inputs_per_request`` random inputs, each of its own length.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 from dataclasses import dataclass
@@ -29,34 +35,59 @@ from loadgen.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
 from loadgen.words import WordSource
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mooncake", "jsonl")
+LENGTH_DISTRIBUTIONS = ("uniform", "lognormal")
 
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    payload: dict  # "prompt" or "messages", and "max_tokens"
+    payload: dict  # "prompt" or "messages", and "max_tokens"; or "input" (embeddings)
     input_tokens: int | None
     send_at_s: float | None = None  # set by datasets that carry their own timing
 
 
-def _length(rng: random.Random, mean: int, range_ratio: float) -> int:
+def _length(rng: random.Random, mean: int, range_ratio: float, dist: str = "uniform") -> int:
+    if dist == "lognormal":
+        # sigma = range_ratio; mu chosen so that the mean is ``mean``.
+        sigma = range_ratio
+        return max(1, round(rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)))
     low, high = int(mean * (1 - range_ratio)), int(mean * (1 + range_ratio))
     return max(1, rng.randint(max(1, low), max(1, high)))
 
 
 def random_prompts(
     words: WordSource, count: int, *, input_len: int, output_len: int, range_ratio: float = 0.0,
-    seed: int = 0,
+    seed: int = 0, len_dist: str = "uniform",
 ) -> list[BenchRequest]:  # fmt: skip
     rng = random.Random(seed)
     requests = []
     for index in range(count):
-        tokens = _length(rng, input_len, range_ratio)
+        tokens = _length(rng, input_len, range_ratio, len_dist)
         requests.append(BenchRequest(
             {"prompt": words.run(f"random:{seed}:{index}", tokens),
              "max_tokens": _length(rng, output_len, range_ratio)},
             input_tokens=tokens,
         ))  # fmt: skip
     return requests
+
+
+def embedding_inputs(
+    words: WordSource, count: int, *, input_len: int, range_ratio: float, len_dist: str,
+    inputs_per_request: int, max_input_len: int, seed: int = 0,
+) -> tuple[list[BenchRequest], int]:  # fmt: skip
+    """``count`` requests of ``inputs_per_request`` texts each, and how many lengths
+    were cut to ``max_input_len`` (the model's context, less its special tokens)."""
+    rng = random.Random(seed)
+    requests, cut = [], 0
+    for index in range(count):
+        texts, tokens = [], 0
+        for item in range(inputs_per_request):
+            length = _length(rng, input_len, range_ratio, len_dist)
+            cut += length > max_input_len
+            length = min(length, max_input_len)
+            texts.append(words.run(f"embed:{seed}:{index}:{item}", length))
+            tokens += length
+        requests.append(BenchRequest({"input": texts}, input_tokens=tokens))
+    return requests, cut
 
 
 def shared_prefix_prompts(
@@ -123,10 +154,11 @@ def jsonl_prompts(path: Path, *, limit: int | None, default_output_len: int) -> 
             if not line.strip():
                 continue
             raw = json.loads(line)
-            if not isinstance(raw, dict) or not ({"prompt", "messages"} & raw.keys()):
-                raise ValueError(f"{path}:{number}: needs a 'prompt' or 'messages' field")
-            payload = {k: raw[k] for k in ("prompt", "messages") if k in raw}
-            payload["max_tokens"] = int(raw.get("max_tokens", default_output_len))
+            if not isinstance(raw, dict) or not ({"prompt", "messages", "input"} & raw.keys()):
+                raise ValueError(f"{path}:{number}: needs a 'prompt', 'messages' or 'input' field")
+            payload = {k: raw[k] for k in ("prompt", "messages", "input") if k in raw}
+            if "input" not in payload:
+                payload["max_tokens"] = int(raw.get("max_tokens", default_output_len))
             requests.append(BenchRequest(payload, input_tokens=None))
             if limit is not None and len(requests) >= limit:
                 break

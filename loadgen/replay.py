@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -38,8 +38,10 @@ async def replay(
     request_timeout_s: float = 300.0,
     on_result: Callable[[RequestResult], None] = lambda result: None,
     headers: dict[str, str] | None = None,
+    send: Callable[..., Awaitable[RequestResult]] = stream_request,
 ) -> list[RequestResult]:
-    """Results in schedule order; unsent requests have status 0 and an error."""
+    """Results in schedule order; unsent requests have status 0 and an error. ``send``
+    makes one request (``stream_request``, or ``embed_request`` for embeddings)."""
     results: list[RequestResult | None] = [None] * len(schedule)
     in_flight = 0
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -53,7 +55,7 @@ async def replay(
             in_flight += 1
             try:
                 async with slots:
-                    result = await stream_request(session, url, item.body, item.headers or headers)
+                    result = await send(session, url, item.body, item.headers or headers)
             finally:
                 in_flight -= 1
             result.started_s -= started

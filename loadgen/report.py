@@ -3,7 +3,9 @@
 Each run is the JSON ``pdserve bench`` writes: a label, the offered rate, the
 summary (metrics.py) and per-request samples. Plots: TTFT and TPOT CDFs, TTFT over
 time, throughput against offered rate, and goodput against offered rate; then a
-table of every metric, run by run. Also written: each plot as its own PNG.
+table of every metric, run by run. Also written: each plot as its own PNG. An
+embeddings run has no first token: its latency (send to whole answer) takes TTFT's
+place in the plots, labelled so.
 """
 
 from __future__ import annotations
@@ -27,29 +29,40 @@ def _cdf(axis, values: list[float], label: str) -> None:
         axis.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label)
 
 
+def _first_answer(run: dict) -> list[tuple[float, float]]:
+    """(send time, ms to the first token, or to the whole answer for embeddings)."""
+    key = "e2e_ms" if run.get("config", {}).get("endpoint") == "embeddings" else "ttft_ms"
+    return [(s["start_s"], s[key]) for s in run["samples"]
+            if s[key] is not None and (key == "ttft_ms" or s["error"] is None)]  # fmt: skip
+
+
 def _figures(runs: list[dict]) -> dict[str, plt.Figure]:
     figures: dict[str, plt.Figure] = {}
+    first = "TTFT"
+    if any(r.get("config", {}).get("endpoint") == "embeddings" for r in runs):
+        first = "TTFT or embedding latency"
     figure, (ttft, tpot) = plt.subplots(1, 2, figsize=(12, 4))
     for run in runs:
         samples = run["samples"]
-        _cdf(ttft, [s["ttft_ms"] for s in samples if s["ttft_ms"] is not None], run["label"])
+        _cdf(ttft, [ms for _, ms in _first_answer(run)], run["label"])
         _cdf(tpot, [s["tpot_ms"] for s in samples if s["tpot_ms"] is not None], run["label"])
-    for axis, name in ((ttft, "TTFT"), (tpot, "TPOT")):
+    for axis, name in ((ttft, first), (tpot, "TPOT")):
         axis.set_xscale("log")
         axis.set_xlabel(f"{name} (ms, log)")
         axis.set_ylabel("fraction of requests")
         axis.set_title(f"{name} CDF")
-        axis.legend()
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend()
     figures["latency_cdf"] = figure
 
     figure, axis = plt.subplots(figsize=(12, 4))
     for run in runs:
-        points = [(s["start_s"], s["ttft_ms"]) for s in run["samples"] if s["ttft_ms"] is not None]
+        points = _first_answer(run)
         axis.scatter([p[0] for p in points], [p[1] for p in points], s=6, label=run["label"])
     axis.set_yscale("log")
     axis.set_xlabel("send time (s)")
-    axis.set_ylabel("TTFT (ms, log)")
-    axis.set_title("TTFT over time")
+    axis.set_ylabel(f"{first} (ms, log)")
+    axis.set_title(f"{first} over time")
     axis.legend()
     figures["ttft_over_time"] = figure
 
@@ -63,7 +76,8 @@ def _figures(runs: list[dict]) -> dict[str, plt.Figure]:
     for axis, name in ((throughput, "completed req/s"), (goodput, "goodput (req/s in SLO)")):
         axis.set_xlabel("offered req/s")
         axis.set_ylabel(name)
-        axis.legend()
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend()
     throughput.set_title("throughput against offered rate")
     goodput.set_title("goodput against offered rate")
     figures["throughput_goodput"] = figure
@@ -82,7 +96,8 @@ def _png(figure: plt.Figure) -> bytes:
 def _table(runs: list[dict]) -> str:
     rows = [("offered req/s", lambda s, r: r["offered_rps"])]
     for key in ("requests", "succeeded", "failed", "request_throughput",
-                "output_token_throughput", "goodput", "slo_attainment"):  # fmt: skip
+                "output_token_throughput", "total_token_throughput", "goodput",
+                "slo_attainment"):  # fmt: skip
         rows.append((key, lambda s, r, k=key: s[k]))
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         for stat in ("mean", "p50", "p90", "p99"):

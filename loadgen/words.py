@@ -1,9 +1,11 @@
 """Prompt text with an exact token count: runs of words that are one token each.
 
 A word the tokenizer encodes as exactly one token, written with its leading space,
-never merges with its neighbours (byte-level BPE splits before each space), so a
-run of N such words is N tokens, and two runs share exactly the tokens they share
-as words. Benchmarks build every synthetic prompt from these runs.
+never merges with its neighbours (byte-level BPE splits before each space; WordPiece,
+as BERT's embedding models use, splits on whitespace and keeps a whole word found in
+its vocabulary as one token), so a run of N such words is N tokens, and two runs
+share exactly the tokens they share as words. Benchmarks build every synthetic
+prompt from these runs.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from contracts.tokenization import ModelTokenizer
 def one_token_words(tokenizer: ModelTokenizer) -> list[str]:
     """Words (with their leading space) that the tokenizer encodes as exactly one token."""
     words = []
+    # WordPiece's tokens decode without the space that separates words.
+    spaced = type(tokenizer.tokenizer.model).__name__ == "WordPiece"
     for token_id in sorted(tokenizer.tokenizer.get_vocab().values()):
         text = tokenizer.decode_one(token_id)
+        if spaced and not text.startswith(" "):
+            text = " " + text
         plain_word = text.startswith(" ") and text[1:].isalpha() and text.isascii()
         if (
             plain_word

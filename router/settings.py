@@ -141,6 +141,12 @@ class ServerSettings(_Group):
         description="Inputs one `/v1/embeddings` request may carry (OpenAI's limit); more is "
         "a 413 `too_many_inputs`. `max_body_bytes` bounds their size.",
     )  # fmt: skip
+    embedding_split_min_inputs: int = Field(
+        32, ge=0, le=100_000,
+        description="A `/v1/embeddings` request of at least twice this many inputs is cut "
+        "across the embedding workers that are idle, in pieces of at least this many, and "
+        "merged in order. 0: never cut.",
+    )  # fmt: skip
     router_processes: int = Field(
         1, ge=1, le=64,
         description="Router processes sharing the port (the kernel spreads connections), for "

@@ -6,8 +6,9 @@
   the colocated engine is the single-instance reference P/D output must equal.
 - ``sim_cluster``: the same router and agents with simulators in vLLM's place:
   2 prefill + 2 decode + 1 colocated (each test that needs two of a pool uses -0 and -1).
-- ``embed_cluster``: a router and one embedding worker (all-MiniLM-L6-v2 on vLLM's
-  pooling runner), apart from ``cluster`` so that its tests see no embedding model.
+- ``embed_cluster``: a router and two embedding workers (all-MiniLM-L6-v2 on vLLM's
+  pooling runner; two, so that a large request is cut across them), apart from
+  ``cluster`` so that its tests see no embedding model.
 
 Each starts on first use and stops at the end of the session; every engine
 publishes KV events.
@@ -67,7 +68,7 @@ def embed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     (port,) = free_ports(1)
     model = minilm.ensure()
     plan = ClusterPlan(
-        model_path=model, served_name=minilm.SERVED_NAME, prefill=0, decode=0, embed=1,
+        model_path=model, served_name=minilm.SERVED_NAME, prefill=0, decode=0, embed=2,
         embed_model_path=model, embed_served_name=minilm.SERVED_NAME, port=port,
         run_dir=tmp_path_factory.mktemp("embed_cluster"), ready_timeout_s=600,
         heartbeat_interval_s=1.0, drain_timeout_s=5.0,

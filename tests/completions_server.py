@@ -1,4 +1,4 @@
-"""A real local HTTP server answering ``POST /v1/completions`` with a test's handler."""
+"""A real local HTTP server answering ``POST /v1/completions`` (or a path) with a handler."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from aiohttp import web
 @contextlib.asynccontextmanager
 async def completions_server(
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    path: str = "/v1/completions",
 ) -> AsyncIterator[str]:
     """Serve ``handler`` on a free loopback port; yields the base URL, stops on exit."""
     app = web.Application()
-    app.router.add_post("/v1/completions", handler)
+    app.router.add_post(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     try:

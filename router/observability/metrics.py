@@ -3,12 +3,13 @@
 Labels and their bound (no label ever holds a request, prompt, tenant key or version):
 - ``model``: served models and aliases (registered workers' models, at most
   ``max_workers``), or ``unknown`` for a 404;
-- ``pool`` / ``role``: prefill, decode, colocated; ``mode``: disaggregated, colocated,
+- ``pool`` / ``role``: prefill, decode, colocated, embed; ``mode``: disaggregated, colocated,
   decode_local; ``stage``: queue, prefill, kv_handoff, decode; ``direction``: input,
   output; ``tenant_class``: interactive, standard, batch;
 - ``worker``: registered workers (at most ``max_workers``; a forgotten worker's series
   go with it); ``kind``: worker kinds the agents report (cpu, accelerator names);
 - ``route_stage``: prod, canary, shadow (the model's route; never the version itself);
+- ``pieces``: how many pieces an embedding request was cut into (at most the workers);
 - ``reason``, ``status``, ``endpoint``, ``kind`` of failures, ``outcome``, ``action``:
   fixed sets in the code.
 So a histogram has at most models x 3 x 3 x 3 series, and per-worker gauges one per worker.
@@ -114,6 +115,7 @@ class RouterMetrics:
         self._declare_fleet(r)
         self._declare_process_gauges(r)
         self._declare_worker_gauges(r)
+        self._declare_embeddings(r)
         self._shared: list[Collector] = []  # views of state every process holds alike
         self._publishers: list[Callable[[], None]] = []
         self._derive: Callable[[list[Metric]], Iterable[Metric]] = lambda _: ()
@@ -466,6 +468,14 @@ class RouterMetrics:
         self.routed_hit_tokens = Counter(
             "pdserve_routed_predicted_hit_tokens",
             "Of those, the tokens the router predicted cached there", ["worker"], registry=r,
+        )  # fmt: skip
+
+    def _declare_embeddings(self, r: CollectorRegistry) -> None:
+        self.embedding_splits = Counter(
+            "pdserve_embedding_splits",
+            "Embedding requests cut into pieces across idle embedding workers "
+            "(embedding_split_min_inputs), by model and the number of pieces", ["model", "pieces"],
+            registry=r,
         )  # fmt: skip
 
     def _declare_worker_gauges(self, r: CollectorRegistry) -> None:

@@ -12,6 +12,11 @@ Before any worker is asked, a tenant with a tokens-per-minute limit has the inpu
 counted with the model's tokenizer (token ids as they are) and charged to it, as a
 prompt is (a tenant without one is not made to wait for a count nothing reads); a
 request of more than ``max_embedding_inputs`` inputs is refused.
+
+A request of at least twice ``embedding_split_min_inputs`` inputs, while other
+workers of the pool are idle, is cut into contiguous pieces sent to them at once and
+merged in order (``embedding_split.py``); each piece fails over on its own, and the
+first piece that fails for good fails the request and stops the others.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from router.admission.admit import Admission
 from router.errors import InvalidRequest, NoCapacity, RequestTooLarge, UpstreamFailed
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.observability.metrics import RouterMetrics
+from router.orchestration.embedding_split import merge_answers, split_points
 from router.orchestration.engine_client import EngineClient
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
 from router.orchestration.usage import usage_in_large_answer
@@ -56,6 +62,7 @@ class Embedder:
         rng: random.Random | None = None,
     ) -> None:
         self._max_inputs = settings.server.max_embedding_inputs
+        self._split_min = settings.server.embedding_split_min_inputs
         self._offload_chars = settings.server.tokenize_offload_chars
         self._timeout_s = settings.upstream.embedding_timeout_s
         self._retries = settings.upstream.embedding_retries
@@ -69,7 +76,7 @@ class Embedder:
         self._outcomes = WorkerOutcomes(registry, metrics, clock)
 
     def __repr__(self) -> str:
-        return f"Embedder(max_inputs={self._max_inputs})"
+        return f"Embedder(max_inputs={self._max_inputs}, split_min={self._split_min})"
 
     async def serve(
         self, request: PreparedRequest, pool: Sequence[WorkerState], *, rate_limited: bool = True
@@ -91,14 +98,66 @@ class Embedder:
             if request.tenant.policy.tpm:
                 tokens = await self._count(inputs, pool)
             await self._admission.rate_limit(request, tokens)
-        body = json.dumps(request.body).encode()
+        pieces = self._pieces(inputs, pool)
+        if len(pieces) == 1:
+            payload = await self._ask(json.dumps(request.body).encode(), pool, tokens)
+        else:
+            payload = await self._ask_in_pieces(request, inputs, pieces, pool, tokens)
+        self._observe(request, payload)
+        return Response(content=payload, media_type="application/json")
+
+    def _pieces(
+        self, inputs: Inputs, pool: Sequence[WorkerState]
+    ) -> list[tuple[slice, WorkerState | None]]:
+        """Where each piece goes: one piece (to the least-loaded worker) unless other
+        workers are idle, by the router's count and the engine's own."""
+        if self._split_min <= 0 or len(inputs) < 2 * self._split_min:
+            return [(slice(0, len(inputs)), None)]
+        idle = [
+            w for w in pool
+            if self._load.of(w.worker_id).requests == 0
+            and w.load.num_requests_running + w.load.num_requests_waiting == 0
+        ]  # fmt: skip
+        slices = split_points(len(inputs), len(idle), self._split_min)
+        if len(slices) == 1:
+            return [(slices[0], None)]
+        return list(zip(slices, idle, strict=False))
+
+    async def _ask_in_pieces(
+        self, request: PreparedRequest, inputs: Inputs,
+        pieces: list[tuple[slice, WorkerState | None]], pool: Sequence[WorkerState], tokens: int,
+    ) -> bytes:  # fmt: skip
+        self._metrics.embedding_splits.labels(request.model, str(len(pieces))).inc()
+        tasks = []
+        for part, worker in pieces:
+            body = json.dumps({**request.body, "input": inputs[part]}).encode()
+            share = tokens * (part.stop - part.start) // len(inputs)
+            tasks.append(asyncio.create_task(self._ask(body, pool, share, first=worker)))
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()
+        failed = next((t.exception() for t in tasks if t.done() and not t.cancelled()
+                       and t.exception() is not None), None)  # fmt: skip
+        if failed is not None:
+            raise failed
+        return merge_answers([t.result() for t in tasks], [part.start for part, _ in pieces])
+
+    async def _ask(
+        self, body: bytes, pool: Sequence[WorkerState], tokens: int,
+        first: WorkerState | None = None,
+    ) -> bytes:  # fmt: skip
+        """One worker's answer to ``body``: ``first`` (else the least loaded), then
+        others on failure, ``embedding_retries`` times at most."""
         tried: list[str] = []
         failures: list[str] = []
         while len(tried) <= self._retries:
-            worker = self._least_loaded(pool, tried)
+            worker = first if first is not None and not tried else self._least_loaded(pool, tried)
             if worker is None:
                 break
             tried.append(worker.worker_id)
+            self._metrics.routed_requests.labels(worker.worker_id, "embed").inc()
             try:
                 with self._load.begin(worker.worker_id, tokens):
                     payload = await self._engines.post_json(
@@ -108,8 +167,7 @@ class Embedder:
                 failures.append(self._outcomes.triage(worker, error))  # a 4xx is re-raised
                 continue
             self._outcomes.answered(worker)
-            self._observe(request, payload)
-            return Response(content=payload, media_type="application/json")
+            return payload
         raise UpstreamFailed("embedding failed: " + "; ".join(failures), code="embedding_failed")
 
     def _least_loaded(self, pool: Sequence[WorkerState], tried: list[str]) -> WorkerState | None:

@@ -1,6 +1,7 @@
-"""``/v1/embeddings`` through the router on a real vLLM pooling engine (all-MiniLM-L6-v2):
-held against the engine it routes to (the same status, error shape, vectors and usage)
-and against sentence-transformers' own encoding of the same folder."""
+"""``/v1/embeddings`` through the router on real vLLM pooling engines (all-MiniLM-L6-v2):
+held against one engine's own answer (the same status, error shape, vectors and usage),
+also for requests large enough to be cut across the two workers and merged, and
+against sentence-transformers' own encoding of the same folder."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import pytest
 
 from loadgen.prometheus_text import scrape, total
 from modelstore import minilm
+from tests.conditions import wait_for
 
 pytestmark = pytest.mark.vllm
 
 MODEL = minilm.SERVED_NAME
 TEXTS = ["The capital of France is Paris.", "A cat sat on the mat.", "Disaggregated serving"]
 LONG = "word " * 400  # past the model's 256-token context
+# Enough inputs to be cut in two (embedding_split_min_inputs 32) while both workers idle.
+MANY = [f"Sentence {i}: a request cut across workers keeps its order." for i in range(80)]
 CASES = {
     "one string": {"input": TEXTS[0]},
     "strings": {"input": TEXTS},
@@ -31,6 +35,10 @@ CASES = {
     "dimensions": {"input": TEXTS[0], "dimensions": 64},
     "past the context": {"input": LONG},
     "no inputs": {"input": []},
+    "many, cut": {"input": MANY},
+    "many, cut, base64": {"input": MANY, "encoding_format": "base64"},
+    "many, cut, token id lists": {"input": [[101, 7592 + i, 102] for i in range(80)]},
+    "many, cut, one past the context": {"input": [*MANY[:60], LONG, *MANY[60:]]},
 }
 
 
@@ -53,9 +61,18 @@ def urls(embed_cluster) -> tuple[str, str]:
     return embed_cluster.router_url, embed_cluster.worker("embed-0").engine_url
 
 
+def both_idle(cluster) -> bool:
+    """The router sees both workers idle (their engines' last report), as a cut needs."""
+    workers = cluster.worker_status().values()
+    return len(workers) == 2 and all(
+        w["load"]["num_requests_running"] + w["load"]["num_requests_waiting"] == 0 for w in workers
+    )
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_the_router_answers_as_the_engine_does(urls, case):
+def test_the_router_answers_as_the_engine_does(embed_cluster, urls, case):
     router_url, engine_url = urls
+    wait_for(lambda: both_idle(embed_cluster), 30, "both embedding workers idle")
     body = {"model": MODEL, **CASES[case]}
     through = httpx.post(router_url + "/v1/embeddings", json=body, timeout=60)
     direct = httpx.post(engine_url + "/v1/embeddings", json=body, timeout=60)
@@ -116,3 +133,21 @@ def test_embedding_requests_and_their_tokens_are_counted(urls):
     requests_after, tokens_after = counted()
     assert requests_after - requests_before == 1
     assert tokens_after - tokens_before == answer["usage"]["prompt_tokens"]
+
+
+def test_a_large_request_is_cut_across_idle_workers(embed_cluster, urls):
+    router_url = urls[0]
+
+    def sent() -> tuple[float, ...]:
+        metrics = scrape(router_url + "/metrics")
+        per_worker = [total(metrics, "pdserve_routed_requests_total", worker=w, role="embed")
+                      for w in embed_cluster.worker_status()]  # fmt: skip
+        return (total(metrics, "pdserve_embedding_splits_total", model=MODEL, pieces="2"),
+                *per_worker)  # fmt: skip
+
+    wait_for(lambda: both_idle(embed_cluster), 30, "both embedding workers idle")
+    before = sent()
+    answer = httpx.post(router_url + "/v1/embeddings", json={"model": MODEL, "input": MANY},
+                        timeout=60).json()  # fmt: skip
+    assert [d["index"] for d in answer["data"]] == list(range(len(MANY)))
+    assert [a - b for a, b in zip(sent(), before, strict=True)] == [1, 1, 1]
