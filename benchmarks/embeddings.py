@@ -7,18 +7,21 @@ same concurrency). A router and one embedding worker bound to every core
 ``/v1/embeddings`` and to the router's, alternating which goes first round by round so
 that drift on this shared box hits both alike: requests of INPUTS texts each, lengths
 log-normal (mean LENGTH tokens, sigma 0.8: mostly short, a long tail cut at the
-model's 256-token context and counted), MAX_CONCURRENCY in flight. A warm-up run to
-each comes first and is kept apart. Then ``vllm bench serve --backend
-openai-embeddings`` runs once against each (its random dataset), for its failures
-and numbers.
+model's 256-token context and counted), MAX_CONCURRENCY in flight. A warm-up of
+``--warm-up`` requests to each comes first and is kept apart: vLLM's CPU engine keeps
+getting faster for hundreds of requests of new lengths (a 20-request warm-up left the
+first rounds 10-30% apart, in favour of whichever ran later). Then ``vllm bench serve
+--backend openai-embeddings`` runs once against each (its random dataset), for its
+failures and numbers.
 
 Part 2, cutting large requests (``embedding_split_min_inputs``). A router and two
 workers, one core each; requests of LARGE inputs each, sent one at a time (latency)
 and MAX_CONCURRENCY at a time (throughput), on a router that cuts them (the default,
 32) and on one that never does (0): one cluster each, started in turn, twice
-(A B A B).
+(A B A B), each warmed with WARM_UP_LARGE such requests first. Each run counts the
+requests the router cut (``pdserve_embedding_splits_total``).
 
-    python -m benchmarks.embeddings [--rounds 3] [--split-rounds 2]
+    python -m benchmarks.embeddings [--rounds 4] [--split-rounds 2] [--warm-up 300]
 
 Writes ``benchmarks/results/embeddings.{json,md,png}``.
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from benchmarks.bench_clients import pdserve_bench, vllm_bench_serve
 from contracts.machine import describe, machine_record
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
 from modelstore import minilm
@@ -42,7 +46,7 @@ from modelstore import minilm
 MODEL = minilm.SERVED_NAME
 INPUTS, LENGTH, REQUESTS, MAX_CONCURRENCY = 8, 64, 200, 4
 LARGE, LARGE_LENGTH, LARGE_REQUESTS = 256, 32, 16
-WARM_UP_REQUESTS = 20
+WARM_UP_LARGE = 8
 SPLIT_SETTINGS = {"cut": "32", "never cut": "0"}
 
 
@@ -81,7 +85,11 @@ def start(plan: ClusterPlan) -> LocalCluster:
     return cluster
 
 
-def router_against_engine(work: Path, rounds: int) -> dict:
+def cut_requests(router_url: str) -> float:
+    return total(scrape(router_url + "/metrics"), "pdserve_embedding_splits_total", model=MODEL)
+
+
+def router_against_engine(work: Path, rounds: int, warm_up: int) -> dict:
     (port,) = free_ports(1)
     model = minilm.ensure()
     plan = ClusterPlan(model_path=model, served_name=MODEL, prefill=0, decode=0, embed=1,
@@ -89,13 +97,13 @@ def router_against_engine(work: Path, rounds: int) -> dict:
                        run_dir=work / "one-worker")  # fmt: skip
     cluster = start(plan)
     urls = {"engine": cluster.worker("embed-0").engine_url, "router": cluster.router_url}
-    runs, warm_up, vllm_bench = [], [], []
+    runs, warm_runs, vllm_bench = [], [], []
     try:
         for target, url in urls.items():
-            argv = workload(url, inputs=INPUTS, length=LENGTH, requests=WARM_UP_REQUESTS,
+            argv = workload(url, inputs=INPUTS, length=LENGTH, requests=warm_up,
                             concurrency=MAX_CONCURRENCY, seed=99)  # fmt: skip
             run = pdserve_bench(argv, work / f"warm-{target}", work / f"warm-{target}.log")
-            warm_up.append(row(run, target))
+            warm_runs.append(row(run, target))
         for index in range(rounds):
             order = list(urls) if index % 2 == 0 else list(reversed(urls))
             for target in order:
@@ -110,7 +118,7 @@ def router_against_engine(work: Path, rounds: int) -> dict:
             vllm_bench.append({"target": target, **vllm_embeddings(url, model, work, target)})
     finally:
         cluster.stop()
-    return {"runs": runs, "warm_up": warm_up, "vllm_bench_serve": vllm_bench}
+    return {"runs": runs, "warm_up": warm_runs, "vllm_bench_serve": vllm_bench}
 
 
 def vllm_embeddings(url: str, model: Path, work: Path, target: str) -> dict:
@@ -140,16 +148,24 @@ def cut_or_not(work: Path, rounds: int) -> list[dict]:
                 router_env={"PDSERVE_EMBEDDING_SPLIT_MIN_INPUTS": value},
             )  # fmt: skip
             cluster = start(plan)
+            url = cluster.router_url
             try:
+                argv = workload(url, inputs=LARGE, length=LARGE_LENGTH, requests=WARM_UP_LARGE,
+                                concurrency=MAX_CONCURRENCY, seed=98)  # fmt: skip
+                name = f"split{index}-{value}-warm"
+                pdserve_bench(argv, work / name, work / f"{name}.log")
                 for concurrency in (1, MAX_CONCURRENCY):
-                    argv = workload(cluster.router_url, inputs=LARGE, length=LARGE_LENGTH,
+                    argv = workload(url, inputs=LARGE, length=LARGE_LENGTH,
                                     requests=LARGE_REQUESTS, concurrency=concurrency,
                                     seed=10 + index)  # fmt: skip
                     name = f"split{index}-{value}-c{concurrency}"
+                    before = cut_requests(url)
                     run = pdserve_bench(argv, work / name, work / f"{name}.log")
-                    rows.append(row(run, setting, round=index, concurrency=concurrency))
+                    rows.append(row(run, setting, round=index, concurrency=concurrency,
+                                    cut_requests=cut_requests(url) - before))  # fmt: skip
                     print(f"bench: {name}: p50 {rows[-1]['latency_ms'].get('p50')} ms, "
-                          f"{rows[-1]['input_tokens_per_s']} tokens/s", flush=True)  # fmt: skip
+                          f"{rows[-1]['input_tokens_per_s']} tokens/s, "
+                          f"{rows[-1]['cut_requests']:.0f} cut", flush=True)  # fmt: skip
             finally:
                 cluster.stop()
     return rows
@@ -168,10 +184,14 @@ def summarise(part1: dict, split_rows: list[dict]) -> dict:
             "mean_of_rounds": round(statistics.fmean(per_round), 3),
             "per_round": [round(x, 3) for x in per_round],
         },
-        "tokens_per_s": {t: round(statistics.fmean(r["input_tokens_per_s"] for r in rows), 1)
-                         for t, rows in by.items()},  # fmt: skip
-        "latency_p50_p99_ms_pooled": {t: [round(_quantile(v, 0.5), 1), round(_quantile(v, 0.99), 1)]
-                                      for t, v in pooled.items()},  # fmt: skip
+        "tokens_per_s": {
+            t: round(statistics.fmean(r["input_tokens_per_s"] for r in rows), 1)
+            for t, rows in by.items()
+        },
+        "latency_p50_p99_ms_pooled": {
+            t: [round(_quantile(v, 0.5), 1), round(_quantile(v, 0.99), 1)]
+            for t, v in pooled.items()
+        },
         "failed": {t: sum(r["failed"] for r in rows) for t, rows in by.items()},
     }
     cut = {}
@@ -181,7 +201,9 @@ def summarise(part1: dict, split_rows: list[dict]) -> dict:
         cut[f"concurrency {concurrency}"] = {
             s: {"p50_ms": round(statistics.fmean(r["latency_ms"]["p50"] for r in rows), 1),
                 "tokens_per_s": round(statistics.fmean(r["input_tokens_per_s"] for r in rows), 1),
-                "failed": sum(r["failed"] for r in rows)}
+                "failed": sum(r["failed"] for r in rows),
+                "cut": f"{sum(r['cut_requests'] for r in rows):.0f} of "
+                       f"{sum(r['requests'] for r in rows)}"}
             for s, rows in mine.items()
         }  # fmt: skip
     summary["cut_across_two_workers"] = cut
@@ -214,8 +236,8 @@ def plot(result: dict, path: Path) -> None:
     cut_summary = result["summary"]["cut_across_two_workers"]
     labels = list(cut_summary)
     for offset, setting in enumerate(SPLIT_SETTINGS):
-        cut.bar([i + 0.4 * offset for i in range(len(labels))],
-                [cut_summary[c][setting]["p50_ms"] for c in labels], width=0.4, label=setting)  # fmt: skip
+        heights = [cut_summary[c][setting]["p50_ms"] for c in labels]
+        cut.bar([i + 0.4 * offset for i in range(len(labels))], heights, width=0.4, label=setting)
     cut.set_xticks([i + 0.2 for i in range(len(labels))], labels)
     cut.set(title=f"{LARGE}-input requests on 2 workers: p50 latency", ylabel="ms")
     for axis in (rate, cdf, cut):
@@ -229,6 +251,7 @@ def plot(result: dict, path: Path) -> None:
 
 def markdown(result: dict) -> str:
     s = result["summary"]
+    ratio = s["router_over_engine_tokens_per_s"]
     lines = [
         "# Embeddings: the router against the engine alone, and large requests cut or not",
         "",
@@ -237,8 +260,8 @@ def markdown(result: dict) -> str:
         f"## Router against engine ({INPUTS} inputs/request, log-normal lengths mean {LENGTH} "
         f"tokens, concurrency {MAX_CONCURRENCY}, {REQUESTS} requests a run)",
         "",
-        f"- router / engine, input tokens/s: **{s['router_over_engine_tokens_per_s']['mean_of_rounds']}** "
-        f"(rounds: {s['router_over_engine_tokens_per_s']['per_round']})",
+        f"- router / engine, input tokens/s: **{ratio['mean_of_rounds']}** "
+        f"(rounds: {ratio['per_round']})",
         f"- tokens/s (mean of rounds): {s['tokens_per_s']}",
         f"- latency p50, p99 ms (all rounds pooled): {s['latency_p50_p99_ms_pooled']}",
         f"- failed: {s['failed']}",
@@ -253,22 +276,24 @@ def markdown(result: dict) -> str:
                      f"{run['request_throughput']:.1f} | {run['total_token_throughput']:.0f} | "
                      f"{run['p99_e2el_ms']:.1f} |")  # fmt: skip
     lines += ["", f"## {LARGE}-input requests on two workers (one core each): cut or not", "",
-              "| load | setting | p50 ms | tokens/s | failed |", "|---|---|---|---|---|"]  # fmt: skip
+              "| load | setting | requests cut | p50 ms | tokens/s | failed |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for load, settings in s["cut_across_two_workers"].items():
         for setting, numbers in settings.items():
-            lines.append(f"| {load} | {setting} | {numbers['p50_ms']} | "
+            lines.append(f"| {load} | {setting} | {numbers['cut']} | {numbers['p50_ms']} | "
                          f"{numbers['tokens_per_s']} | {numbers['failed']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="engine/router pairs")
+    parser.add_argument("--rounds", type=int, default=4, help="engine/router pairs")
     parser.add_argument("--split-rounds", type=int, default=2, help="cut/never-cut pairs")
+    parser.add_argument("--warm-up", type=int, default=300, help="requests before part 1")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pdserve-embeddings-"))
-    part1 = router_against_engine(work, args.rounds)
+    part1 = router_against_engine(work, args.rounds, args.warm_up)
     split_rows = cut_or_not(work, args.split_rounds)
     result = {
         "command": ("python -m benchmarks.embeddings " + " ".join(argv or sys.argv[1:])).strip(),

@@ -105,7 +105,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         cluster.start(stopping)
         if not stopping():
-            _say_ready(cluster.router_url, served_name, embed_name)
+            generates = plan.prefill + plan.decode + plan.colocated > 0
+            _say_ready(cluster.router_url, served_name if generates else None, embed_name)
         while not stopping() and cluster.router_alive():
             time.sleep(0.2)
         return 0 if stopping() else 1
@@ -156,17 +157,17 @@ def _say(message: str) -> None:
     print(f"pdserve: {message}", flush=True)
 
 
-def _say_ready(url: str, model: str, embed_model: str | None) -> None:
-    body = json.dumps({
-        "model": model,
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "stream": True,
-    })  # fmt: skip
+def _say_ready(url: str, model: str | None, embed_model: str | None) -> None:
+    """The ready line, and a curl for each kind of model served (chat, embeddings)."""
     _say(f"ready: OpenAI API at {url}/v1  (Ctrl-C stops everything)")
-    print(
-        f"\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n",
-        flush=True,
-    )
+    if model:
+        body = json.dumps({
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "stream": True,
+        })  # fmt: skip
+        print(f"\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' "
+              f"-d '{body}'\n", flush=True)  # fmt: skip
     if embed_model:
         embed = json.dumps({"model": embed_model, "input": ["The capital of France", "Paris"]})
         print(f"  curl {url}/v1/embeddings -H 'Content-Type: application/json' -d '{embed}'\n",

@@ -1,7 +1,8 @@
 """``pdserve status``: the factory at a glance in a terminal, refreshed in place.
 
 Per model: P:D counts, the router's queue, recent TTFT p50/p99, tokens/s in and out, and
-$/1M tokens; per worker: role, state, load, KV usage and engine memory. It reads
+$/1M tokens; per embedding model: workers, latency p50/p99, input tokens/s and $/1M
+input tokens; per worker: role, state, load, KV usage and engine memory. It reads
 ``GET /admin/v1/status`` with a viewer token (``PDSERVE_VIEWER_TOKEN``; an admin token
 works too). ``--once`` prints one frame, for scripts.
 """
@@ -59,7 +60,11 @@ def render(snapshot: StatusSnapshot) -> Group:
                  style="bold")  # fmt: skip
     if not snapshot.models:
         return Group(title, Text("no workers registered"))
-    tables = [_models_table(snapshot.models)]
+    generating = [m for m in snapshot.models if not m.embeds]
+    embedding = [m for m in snapshot.models if m.embeds]
+    tables = [_models_table(generating)] if generating else []
+    if embedding:
+        tables.append(_embeddings_table(embedding))
     routed = [m for m in snapshot.models if m.route]
     if routed:
         routes = Table(box=box.SIMPLE_HEAD, title="routes", title_justify="left")
@@ -85,6 +90,19 @@ def _models_table(models: list[ModelStatus]) -> Table:
             _seconds(m.ttft_p50_s), _seconds(m.ttft_p99_s), f"{m.input_tokens_per_s:,.0f}",
             f"{m.output_tokens_per_s:,.1f}", _dollars(m.usd_per_million_input_tokens),
             _dollars(m.usd_per_million_output_tokens),
+        )  # fmt: skip
+    return table
+
+
+def _embeddings_table(models: list[ModelStatus]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title="embedding models", title_justify="left")
+    for name in ("model", "workers", "latency p50", "latency p99", "tok/s in", "$/1M in"):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    for m in models:
+        table.add_row(
+            m.model, str(m.workers_by_role.get("embed", 0)), _seconds(m.embedding_latency_p50_s),
+            _seconds(m.embedding_latency_p99_s), f"{m.input_tokens_per_s:,.0f}",
+            _dollars(m.usd_per_million_input_tokens),
         )  # fmt: skip
     return table
 

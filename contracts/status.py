@@ -39,6 +39,15 @@ class ModelStatus(_Frozen):
     route: str | None = None  # "prod v1 · canary v2 10% · shadow v3 5%"; None: no route
     # A P/D model served by one pool alone (serve_degraded): "decode" or "prefill".
     degraded: str | None = None
+    # An embedding model's requests, arrival to the whole answer (no first token).
+    embedding_latency_p50_s: float | None = None
+    embedding_latency_p99_s: float | None = None
+    embedding_samples: int = 0
+
+    @property
+    def embeds(self) -> bool:
+        """Served by embedding workers alone (``/v1/embeddings``)."""
+        return set(self.workers_by_role) == {"embed"}
 
 
 class StatusSnapshot(_Frozen):

@@ -41,11 +41,13 @@ SLOW_START_S = 90.0
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VersionWorkers:
     """Colocated workers serving another registered version of the plan's model (a canary
-    or a shadow), from their own folder."""
+    or a shadow), from their own folder; or embedding workers serving another version of
+    the plan's embedding model."""
 
     version: str
     model_path: Path
     colocated: int = 1
+    embed: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +94,7 @@ class ClusterPlan:
     embed: int = 0
     embed_model_path: Path | None = None
     embed_served_name: str | None = None
+    embed_version: str | None = None  # the registered version the embed workers report
 
     def __post_init__(self) -> None:
         if self.prefill + self.decode + self.colocated + self.embed == 0:
@@ -127,7 +130,10 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         roles += ["colocated"] * other.colocated
         sources += [(other.model_path, other.version)] * other.colocated
     roles += ["embed"] * plan.embed
-    sources += [(plan.embed_model_path, None)] * plan.embed
+    sources += [(plan.embed_model_path, plan.embed_version)] * plan.embed
+    for other in plan.versions:
+        roles += ["embed"] * other.embed
+        sources += [(other.model_path, other.version)] * other.embed
     ports = free_ports(3 * len(roles))
     workers = []
     for index, role in enumerate(roles):
@@ -137,12 +143,14 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         if role == "colocated" and plan.colocated_served_name:
             served = plan.colocated_served_name
         model_path, version = sources[index]
-        if role == "embed":
-            served = plan.embed_served_name
         earlier = sum(1 for r, s in zip(roles[:index], sources, strict=False)
                       if r == role and s[1] == version)  # fmt: skip
         name = f"{role}-{earlier}"
-        if version != plan.model_version and role != "embed":
+        if role == "embed":
+            served = plan.embed_served_name
+            if version != plan.embed_version:
+                name = f"{version}-{name}"
+        elif version != plan.model_version:
             served, name = plan.served_name, f"{version}-{name}"
         engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
         workers.append(WorkerPlan(

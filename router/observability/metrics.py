@@ -107,6 +107,9 @@ class RouterMetrics:
         self.recent_ttft = RecentSamples(
             window_s=window_s, max_samples=recent_ttft_samples, clock=clock
         )
+        self.recent_embedding_latency = RecentSamples(
+            window_s=window_s, max_samples=recent_ttft_samples, clock=clock
+        )
         self._declare_latencies(r)
         self._declare_counters(r)
         self._declare_rollout(r)
@@ -174,6 +177,17 @@ class RouterMetrics:
         self.stages.ttft(model, stage, seconds)
         if stage != "shadow":  # the status view's TTFT is what clients see
             self.recent_ttft.add(model, seconds)
+
+    def observe_embedding(
+        self, model: str, tenant_class: str, seconds: float, stage: str = "prod"
+    ) -> None:
+        """An answered ``/v1/embeddings`` request: arrival to the whole answer. For a
+        canary's gate, that answer is its first byte too, as a whole completion's is."""
+        self.e2e.labels(model, "embed", tenant_class, stage).observe(seconds)
+        self.stages.ttft(model, stage, seconds)
+        self.stages.answered(model, stage, error=False)
+        if stage != "shadow":
+            self.recent_embedding_latency.add(model, seconds)
 
     def itl_observer(self, model: str, stage: str) -> Callable[[float], None]:
         """What a stream calls for each gap between events."""

@@ -37,6 +37,7 @@ def _model_status(
     rates = view.get("pdserve_tokens_per_second", {})
     prices = view.get("pdserve_cost_usd_per_million_tokens", {})
     queue = parts.admission.queues().get(model)
+    embedding = metrics.recent_embedding_latency.quantiles(model, (0.5, 0.99))
     return ModelStatus(
         model=model,
         workers_by_role={role: count for role, count in by_role.items() if count},
@@ -52,6 +53,9 @@ def _model_status(
         workers=[_worker_status(parts, w, now) for w in workers],
         route=_route(parts, model),
         degraded=_degraded(parts, model, now),
+        embedding_latency_p50_s=embedding[0] if embedding else None,
+        embedding_latency_p99_s=embedding[1] if embedding else None,
+        embedding_samples=metrics.recent_embedding_latency.count(model),
     )
 
 

@@ -110,13 +110,15 @@ class Embedder:
         self, inputs: Inputs, pool: Sequence[WorkerState]
     ) -> list[tuple[slice, WorkerState | None]]:
         """Where each piece goes: one piece (to the least-loaded worker) unless other
-        workers are idle, by the router's count and the engine's own."""
+        workers are idle: none of this router's requests on them, and no queue in their
+        engine's last report. Not the engine's running count: a heartbeat taken during
+        the request that just ended still says 1, for up to an interval, and would keep
+        back-to-back requests whole (benchmarks/embeddings.py saw it)."""
         if self._split_min <= 0 or len(inputs) < 2 * self._split_min:
             return [(slice(0, len(inputs)), None)]
         idle = [
             w for w in pool
-            if self._load.of(w.worker_id).requests == 0
-            and w.load.num_requests_running + w.load.num_requests_waiting == 0
+            if self._load.of(w.worker_id).requests == 0 and w.load.num_requests_waiting == 0
         ]  # fmt: skip
         slices = split_points(len(inputs), len(idle), self._split_min)
         if len(slices) == 1:
@@ -205,9 +207,8 @@ class Embedder:
         if usage is None:
             return
         self._metrics.observe_usage(request.model, request.tenant_class, usage, counts_prompt=True)
-        latency = self._metrics.e2e.labels(request.model, "embed", request.tenant_class,
-                                           request.stage)  # fmt: skip
-        latency.observe(self._clock() - request.arrived_s)
+        seconds = self._clock() - request.arrived_s
+        self._metrics.observe_embedding(request.model, request.tenant_class, seconds, request.stage)
 
 
 def _inputs(value: Any) -> Inputs:

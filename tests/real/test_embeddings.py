@@ -15,6 +15,7 @@ import pytest
 from loadgen.prometheus_text import scrape, total
 from modelstore import minilm
 from tests.conditions import wait_for
+from tests.embedding_vectors import cosine, vectors
 
 pytestmark = pytest.mark.vllm
 
@@ -40,20 +41,6 @@ CASES = {
     "many, cut, token id lists": {"input": [[101, 7592 + i, 102] for i in range(80)]},
     "many, cut, one past the context": {"input": [*MANY[:60], LONG, *MANY[60:]]},
 }
-
-
-def vectors(answer: dict) -> list[np.ndarray]:
-    out = []
-    for item in sorted(answer["data"], key=lambda d: d["index"]):
-        embedding = item["embedding"]
-        if isinstance(embedding, str):
-            embedding = np.frombuffer(base64.b64decode(embedding), dtype="<f4")
-        out.append(np.asarray(embedding, dtype=np.float64))
-    return out
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +134,29 @@ def test_a_large_request_is_cut_across_idle_workers(embed_cluster, urls):
 
     wait_for(lambda: both_idle(embed_cluster), 30, "both embedding workers idle")
     before = sent()
-    answer = httpx.post(router_url + "/v1/embeddings", json={"model": MODEL, "input": MANY},
-                        timeout=60).json()  # fmt: skip
-    assert [d["index"] for d in answer["data"]] == list(range(len(MANY)))
-    assert [a - b for a, b in zip(sent(), before, strict=True)] == [1, 1, 1]
+    for _ in range(2):  # back to back: the second one too, before any heartbeat says idle
+        answer = httpx.post(router_url + "/v1/embeddings",
+                            json={"model": MODEL, "input": MANY}, timeout=60).json()  # fmt: skip
+        assert [d["index"] for d in answer["data"]] == list(range(len(MANY)))
+    assert [a - b for a, b in zip(sent(), before, strict=True)] == [2, 2, 2]
+
+
+def test_status_and_metrics_show_the_embedding_model(embed_cluster, urls):
+    """``pdserve status``'s snapshot: the pool, latency and tokens/s; Prometheus: latency
+    by mode ``embed`` and $/1M input tokens of the embed pool (the default price)."""
+    httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": TEXTS}, timeout=60)
+    models = {m["model"]: m for m in embed_cluster.admin("GET", "/admin/v1/status")["models"]}
+    mine = models[MODEL]
+    assert mine["workers_by_role"] == {"embed": 2}
+    assert mine["embedding_samples"] >= 1 and 0 < mine["embedding_latency_p50_s"] < 60
+    assert mine["input_tokens_per_s"] > 0 and mine["ttft_samples"] == 0
+
+    def priced() -> bool:  # the cost window fills from heartbeats (every second here)
+        metrics = scrape(urls[0] + "/metrics")
+        return total(metrics, "pdserve_cost_usd_per_million_tokens", model=MODEL, pool="embed",
+                     direction="input") > 0  # fmt: skip
+
+    wait_for(priced, 30, "$/1M input tokens of the embed pool")
+    metrics = scrape(urls[0] + "/metrics")
+    assert total(metrics, "pdserve_e2e_request_latency_seconds_count", model=MODEL,
+                 mode="embed") >= 1  # fmt: skip

@@ -94,6 +94,19 @@ SNAPSHOT = StatusSnapshot(
             output_tokens_per_s=1,
             degraded="decode",
         ),
+        quiet_model(
+            "minilm",
+            {"embed": 2},
+            [
+                worker("embed-0", "embed", inflight_requests=1, engine_running=1),
+                worker("embed-1", "embed"),
+            ],
+            input_tokens_per_s=4321,
+            usd_per_million_input_tokens=0.0042,
+            embedding_latency_p50_s=0.048,
+            embedding_latency_p99_s=0.21,
+            embedding_samples=300,
+        ),
     ],
 )
 
