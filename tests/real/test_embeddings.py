@@ -14,6 +14,7 @@ import pytest
 
 from loadgen.prometheus_text import scrape, total
 from modelstore import minilm
+from tests.clusters import METERED_KEY, METERED_TPM
 from tests.conditions import wait_for
 from tests.embedding_vectors import cosine, vectors
 
@@ -160,3 +161,21 @@ def test_status_and_metrics_show_the_embedding_model(embed_cluster, urls):
     metrics = scrape(urls[0] + "/metrics")
     assert total(metrics, "pdserve_e2e_request_latency_seconds_count", model=MODEL,
                  mode="embed") >= 1  # fmt: skip
+
+
+def test_a_tenants_tpm_counts_embedding_tokens_as_the_engine_does(urls):
+    """Two requests of ``count`` tokens fit the tenant's minute, a third is a 429 with
+    Retry-After (all-MiniLM's tokenizer.json pads to 128: counted so, the first would be)."""
+    from transformers import AutoTokenizer
+
+    text = "word " * 20
+    count = len(AutoTokenizer.from_pretrained(str(minilm.ensure()))(text)["input_ids"])
+    assert 2 * count <= METERED_TPM < 3 * count
+    headers = {"Authorization": f"Bearer {METERED_KEY}"}
+    answers = [httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": text},
+                          headers=headers, timeout=60) for _ in range(3)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200, 200, 429], answers[-1].text
+    assert answers[0].json()["usage"]["prompt_tokens"] == count
+    assert int(answers[2].headers["retry-after"]) >= 1
+    error = answers[2].json()["error"]
+    assert error["code"] == "rate_limit_tpm" and set(error) >= {"message", "type", "param"}
