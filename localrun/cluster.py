@@ -187,7 +187,7 @@ class LocalCluster:
         self.router = self._spawn(
             "router",
             ["router", "--host", self.plan.host, "--port", str(self.plan.port)],
-            {**self.plan.router_env, **self.router_secrets()},
+            self.router_environment(),
         )
         process_group.wait_until(
             lambda: process_group.http_ok(self.router_url + "/health", timeout_s=1),
@@ -214,7 +214,7 @@ class LocalCluster:
         replica = self._spawn(
             f"router-{parts.port}",
             ["router", "--host", parts.hostname or self.plan.host, "--port", str(parts.port)],
-            {**self.plan.router_env, **self.router_secrets()},
+            self.router_environment(),
         )
         if wait:
             process_group.wait_until(
@@ -222,6 +222,12 @@ class LocalCluster:
                 what=f"router replica {url}", process=replica,
             )  # fmt: skip
         return replica
+
+    def router_environment(self) -> dict[str, str]:
+        """A router's: the run's files directory (``/v1/files``), the plan's settings, the
+        secrets."""
+        files = {"PDSERVE_FILES_DIR": str(self.run_dir / "files")}
+        return {**files, **self.plan.router_env, **self.router_secrets()}
 
     def router_secrets(self) -> dict[str, str]:
         """What a router of this cluster (another replica too) needs: the admin token and

@@ -72,6 +72,13 @@ class MethodNotAllowed(APIError):
     type = "invalid_request_error"
 
 
+class Conflict(APIError):
+    """The resource is not in a state that allows this (cancelling an ended batch)."""
+
+    status = 409
+    type = "invalid_request_error"
+
+
 class RequestTooLarge(APIError):
     status = 413
     type = "invalid_request_error"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from contracts.workers import WorkerRegistration
 from router.admission.admit import Admission
 from router.admission.tenants import Tenants
+from router.batch.tier import BatchTier
 from router.fleet.pool_control import PoolController
 from router.fleet.registry import WorkerRegistry
 from router.fleet.state_sync import StateSync
@@ -59,6 +60,7 @@ class RouterParts:
     rollout_path: RolloutPath
     review: ReviewQueue
     on_registered: Callable[[WorkerRegistration, bool], None]
+    batch: BatchTier
     wall_clock: Callable[[], float] = time.time
 
     def forget_worker(self, worker_id: str) -> None:

@@ -748,6 +748,51 @@ class RolloutSettings(_Group):
     )  # fmt: skip
 
 
+class BatchSettings(_Group):
+    """The Files and Batch API: where files live, their caps, and how batches run."""
+
+    files_dir: str = Field(
+        ".pdserve/files",
+        description="The local directory `/v1/files` keeps files in (uploads, and batches' "
+        "output and error files). Replicas that share batches need it shared too.",
+    )
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024, ge=1024, le=10 * 1024**3,
+        description="Largest file `/v1/files` takes; beyond it: 413 `file_too_large`, and "
+        "nothing is kept.",
+    )  # fmt: skip
+    max_files: int = Field(
+        10_000, ge=1, le=10_000_000,
+        description="Files kept at once; an upload past it is refused (400 `storage_full`).",
+    )  # fmt: skip
+    max_batches: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="Batches kept in the state; a new one pushes out the oldest ended one "
+        "(with none ended: 429 `too_many_batches`).",
+    )  # fmt: skip
+    max_batch_lines: int = Field(
+        50_000, ge=1, le=1_000_000, description="Requests one batch may hold (OpenAI's limit)."
+    )
+    batch_max_in_flight: int = Field(
+        4, ge=1, le=10_000,
+        description="A batch's lines in flight at once on one router; they queue behind "
+        "interactive traffic (priority `batch`), so this bounds how much room they hold.",
+    )  # fmt: skip
+    batch_max_active: int = Field(
+        4, ge=0, le=1000,
+        description="Batches one router runs at once (0: this router runs none; another "
+        "replica sharing the state does).",
+    )  # fmt: skip
+    batch_lease_s: float = Field(
+        15.0, gt=1, le=3600,
+        description="How long a router's hold on a batch lasts unrenewed: after a router "
+        "dies, another takes its batches over within this.",
+    )  # fmt: skip
+    batch_poll_s: float = Field(
+        1.0, gt=0, le=600, description="How often a router looks for batches to run."
+    )
+
+
 class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
@@ -761,6 +806,7 @@ class RouterSettings(BaseModel):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
 
     @model_validator(mode="before")
     @classmethod

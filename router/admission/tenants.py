@@ -95,6 +95,14 @@ class Tenants:
     def keys(self) -> frozenset[str]:
         return frozenset(self._by_key)
 
+    def named(self, name: str) -> Tenant:
+        """The tenant ``identify`` named so (a batch runs as its creator): a configured
+        tenant's policy, else the default one's."""
+        if name == ANONYMOUS:
+            return self._anonymous
+        found = next((t for t in self._by_key.values() if t.name == name), None)
+        return found or Tenant(name, self._default)
+
     def identify(self, api_key: str | None) -> Tenant:
         if api_key is None:
             return self._anonymous

@@ -9,17 +9,18 @@ so each can be called and tested on its own and the table can be read by tools. 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
 from router.errors import APIError, Forbidden, NotFound, Overloaded, parsed
 from router.fleet.registry import RegistryFull
 from router.fleet.worker_networks import OutsideNetworks
-from router.http import admin_api, rollout_api
+from router.http import admin_api, batch_api, rollout_api
 from router.http.access import (
     Access,
     Route,
@@ -40,6 +41,10 @@ from router.http.http_io import json_body, unless_disconnected
 from router.prepare.prepare import Endpoint, prepare
 from router.prepare.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
+if TYPE_CHECKING:
+    from router.admission.tenants import Tenant
+    from router.parts import RouterParts
+
 log = logging.getLogger("pdserve.router")
 
 _ADMIN_BODY_BYTES = 64 * 1024  # registrations and heartbeats are small
@@ -57,25 +62,38 @@ async def generate(request: Request, endpoint: Endpoint) -> Response:
     parts = parts_of(request)
     arrived_s = parts.clock()
     body = await json_body(request, parts.settings.server.max_body_bytes)
+    return await serve_body(
+        parts, endpoint, body, arrived_s=arrived_s, headers=request.headers,
+        tenant=getattr(request.state, "tenant", None),
+        watch=lambda work: unless_disconnected(request, work),
+    )  # fmt: skip
+
+
+async def serve_body(
+    parts: RouterParts, endpoint: Endpoint, body: Any, *, arrived_s: float,
+    headers: Mapping[str, str], tenant: Tenant | None,
+    watch: Callable[[Awaitable[Response]], Awaitable[Response]] = lambda work: work,
+) -> Response:  # fmt: skip
+    """A request's whole path from its parsed body: a client's (``generate``), or a
+    batch line's (``answer_batch_line``). ``watch`` cancels the work if the client left."""
     counted = parts.metrics.requests
     try:
         prepared = prepare(
             endpoint, body, max_tokens_cap=parts.settings.server.max_tokens_cap,
             aliases=parts.aliases, served_models=parts.registry.models(), arrived_s=arrived_s,
-            tenant=getattr(request.state, "tenant", None),
-            priority_header=request.headers.get("x-pdserve-priority"),
-            ttft_slo_header=request.headers.get("x-pdserve-ttft-slo-ms"),
+            tenant=tenant, priority_header=headers.get("x-pdserve-priority"),
+            ttft_slo_header=headers.get("x-pdserve-ttft-slo-ms"),
         )  # fmt: skip
     except NotFound:
         counted.labels("unknown", endpoint.value, "404", "prod").inc()
         raise
     path = parts.rollout_path
-    prepared = path.place(prepared, request.headers)
+    prepared = path.place(prepared, headers)
     shadow = None
     try:
         await path.screen_input(prepared)
         shadow = path.mirror(prepared, parts.pipeline.busy)
-        response = await unless_disconnected(request, parts.pipeline.serve(prepared))
+        response = await watch(parts.pipeline.serve(prepared))
         response = await path.screen_output(prepared, response)
     except APIError as error:
         path.answered(prepared, shadow, status=error.status)
@@ -88,6 +106,47 @@ async def generate(request: Request, endpoint: Endpoint) -> Response:
     counted.labels(prepared.requested_model, endpoint.value, str(response.status_code),
                    prepared.stage).inc()  # fmt: skip
     return response
+
+
+BATCH_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS,
+                   "/v1/embeddings": Endpoint.EMBEDDINGS}  # fmt: skip
+_BATCH_LINE = {"x-pdserve-priority": "batch"}  # below every interactive class
+
+
+async def answer_batch_line(
+    parts: RouterParts, path: str, body: dict, tenant_name: str
+) -> tuple[int, bytes, float | None]:
+    """A batch line through the path a client's request takes, as the batch's tenant at
+    the lowest priority: (status, answer body, Retry-After seconds on a 429/503)."""
+    tenant = parts.tenants.named(tenant_name)
+    try:
+        response = await serve_body(
+            parts, BATCH_ENDPOINTS[path], {**body, "stream": False}, arrived_s=parts.clock(),
+            headers=_BATCH_LINE, tenant=tenant,
+        )  # fmt: skip
+    except APIError as error:
+        return error.status, error.json_bytes(), error.retry_after_s
+    if isinstance(response, StreamingResponse):  # not for a whole answer; read it whole
+        chunks = [c if isinstance(c, bytes) else str(c).encode()
+                  async for c in response.body_iterator]  # fmt: skip
+        return response.status_code, b"".join(chunks), None
+    return response.status_code, bytes(response.body), None
+
+
+def batch_body_check(parts: RouterParts, path: str, tenant_name: str) -> Callable[[dict], None]:
+    """What a batch's validation holds each line's body to: ``prepare``'s checks (schema,
+    model, the tenant's models), as a client's request of the endpoint gets them."""
+    tenant = parts.tenants.named(tenant_name)
+
+    def check(body: dict) -> None:
+        prepared = prepare(
+            BATCH_ENDPOINTS[path], body, max_tokens_cap=parts.settings.server.max_tokens_cap,
+            aliases=parts.aliases, served_models=parts.registry.models(),
+            arrived_s=parts.clock(), tenant=tenant,
+        )  # fmt: skip
+        parts.pipeline.check_kind(prepared)
+
+    return check
 
 
 async def completions(request: Request) -> Response:
@@ -276,4 +335,5 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/workers", list_workers, Access.VIEWER),
     *admin_api.ROUTES,
     *rollout_api.ROUTES,
+    *batch_api.ROUTES,
 )

@@ -19,6 +19,8 @@ from contracts.workers import WorkerRegistration
 from router.admission.admit import Admission
 from router.admission.tenants import Tenants
 from router.admission.ttft_predictor import TTFTPredictor
+from router.batch.runner import BatchRunner, RunnerLimits
+from router.batch.tier import build_batch_tier
 from router.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound
 from router.fleet.background import keep_running
 from router.fleet.health import StallCheck, probe_engines_forever
@@ -27,7 +29,7 @@ from router.fleet.registry import WorkerRegistry, WorkerState
 from router.fleet.state_sync import StateSync
 from router.fleet.worker_networks import WorkerNetworks
 from router.http.access import body_components, guarded, openapi_extra
-from router.http.api import ROUTES
+from router.http.api import ROUTES, answer_batch_line, batch_body_check
 from router.http.fast_path import HotRoutes
 from router.http.request_ids import RequestIds
 from router.observability.fleet_accounting import FleetAccounting
@@ -125,6 +127,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         accounting=accounting,
         admission=admission, rollout=rollout, rollout_path=rollout_path,
         review=rollout_path.review, on_registered=registered,
+        batch=build_batch_tier(settings.batch, state),
     )  # fmt: skip
 
 
@@ -203,6 +206,26 @@ def _state(settings: RouterSettings) -> ControlState:
     )
     url = settings.control.state_url
     return RedisState(url, limits) if url else MemoryState(limits)
+
+
+def _batch_runner(parts: RouterParts) -> BatchRunner:
+    """The runner sends lines through ``api.answer_batch_line``: the path a client's
+    request takes, as the batch's tenant at the lowest priority."""
+    settings = parts.settings
+
+    async def answer(path: str, body: dict, tenant: str) -> tuple[int, bytes, float | None]:
+        return await answer_batch_line(parts, path, body, tenant)
+
+    limits = RunnerLimits(
+        poll_s=settings.batch.batch_poll_s, lease_s=settings.batch.batch_lease_s,
+        max_active=settings.batch.batch_max_active,
+        max_in_flight=settings.batch.batch_max_in_flight,
+        max_lines=settings.batch.max_batch_lines, max_body_bytes=settings.server.max_body_bytes,
+    )  # fmt: skip
+    return BatchRunner(
+        book=parts.batch.book, state=parts.state, files=parts.batch.files, answer=answer,
+        body_checks=lambda path, tenant: batch_body_check(parts, path, tenant), limits=limits,
+    )  # fmt: skip
 
 
 def _hook_caller(upstream: Upstream) -> Callable[[HookCheck, dict[str, Any]], Awaitable[Any]]:
@@ -326,6 +349,9 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
     def watch_loop() -> Awaitable[None]:
         return measure_loop_lag_forever(parts.metrics.event_loop_lag)
 
+    def run_batches() -> Awaitable[None]:
+        return _batch_runner(parts).run_forever()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await parts.upstream.start()
@@ -342,6 +368,7 @@ def _lifespan(parts: RouterParts) -> Callable[[FastAPI], contextlib.AbstractAsyn
                 ("metrics_publish", publish_metrics),
                 ("rollout_gate", judge_canaries),
                 ("loop_lag", watch_loop),
+                *((("batch_runner", run_batches),) if settings.batch.batch_max_active else ()),
             )
         ]
         try:

@@ -97,6 +97,11 @@ class RequestPipeline:
         finally:
             admitted.grant.release()  # a failed prefill, or a non-streamed answer
 
+    def check_kind(self, request: PreparedRequest) -> None:
+        """400 ``wrong_model_kind`` unless the model serves the request's endpoint (a batch
+        line is checked before it runs)."""
+        self._embedding_request(request)
+
     def _embedding_request(self, request: PreparedRequest) -> bool:
         """Whether ``request`` asks for embeddings; raises a 400 when its model is of the
         other kind (an embedding model generates nothing, a generative one pools nothing)."""

@@ -8,7 +8,9 @@ What it holds:
 - an append-only audit log, capped at ``max_audit_entries`` (oldest dropped first);
 - the reviewer's queue of flagged requests, capped at ``max_review_items`` (oldest
   dropped first); an item's prompt text, when a policy keeps it, expires on its own;
-- token buckets for tenants' rates (``token_bucket``): shared by replicas with Redis.
+- token buckets for tenants' rates (``token_bucket``): shared by replicas with Redis;
+- each batch's finished lines, keyed by ``custom_id``: a line's outcome is recorded once
+  (the first record wins), whichever replica ran it.
 
 Invariants:
 - every write is announced to every ``subscribe()``r, on every replica (this one included), so a
@@ -17,7 +19,8 @@ Invariants:
 - nothing a replica holds locally is authoritative: any replica can be killed and another
   rebuilds the same view from the backend;
 - bounded: ``max_workers`` records, ``max_audit_entries`` audit entries, documents under
-  ``max_document_bytes``.
+  ``max_document_bytes``, a batch line's outcome under ``max_batch_line_bytes`` (how many
+  lines and batches: the batch tier's own caps).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class StateLimits:
     max_review_items: int = 10_000
     # Memory backend only (Redis expires a bucket once it would be full again).
     max_buckets: int = 100_000
+    max_batch_line_bytes: int = 1024 * 1024
 
 
 DEFAULT_LIMITS = StateLimits()
@@ -149,9 +153,26 @@ class ControlState(abc.ABC):
         could be (nothing taken). Atomic across replicas."""
 
     @abc.abstractmethod
+    async def record_batch_line(self, batch_id: str, custom_id: str, outcome: str) -> bool:
+        """Keep a batch line's outcome unless one is kept already; True when this call
+        kept it. Atomic across replicas. ``StateFull`` past ``max_batch_line_bytes``."""
+
+    @abc.abstractmethod
+    async def batch_lines(self, batch_id: str) -> dict[str, str]:
+        """Every kept outcome of the batch, by custom_id."""
+
+    @abc.abstractmethod
+    async def drop_batch_lines(self, batch_id: str) -> None: ...
+
+    @abc.abstractmethod
     async def subscribe(self) -> AsyncIterator[Change]:
         """Announcements of every write, from every replica, until ``close``: subscribed
         when this returns, so a write made after it is never missed."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+def check_batch_line(outcome: str, limits: StateLimits) -> None:
+    if len(outcome.encode()) > limits.max_batch_line_bytes:
+        raise StateFull(f"a batch line's outcome is over {limits.max_batch_line_bytes} bytes")

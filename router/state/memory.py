@@ -19,6 +19,7 @@ from router.state.base import (
     StateConflict,
     StateFull,
     StateLimits,
+    check_batch_line,
 )
 
 _SUBSCRIBER_QUEUE = 1024  # announcements a slow reader may lag by before it must resync
@@ -40,6 +41,7 @@ class MemoryState(ControlState):
         # Least recently used first; dropping one that is not yet full lets its tenant
         # burst early, which only happens past max_buckets live tenants.
         self._buckets: OrderedDict[str, BucketLevel] = OrderedDict()
+        self._batch_lines: dict[str, dict[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"MemoryState(workers={len(self._workers)}, models={sorted(self._targets)})"
@@ -132,6 +134,20 @@ class MemoryState(ControlState):
         if len(self._buckets) > self.limits.max_buckets:
             self._buckets.popitem(last=False)
         return wait_s
+
+    async def record_batch_line(self, batch_id: str, custom_id: str, outcome: str) -> bool:
+        check_batch_line(outcome, self.limits)
+        lines = self._batch_lines.setdefault(batch_id, {})
+        if custom_id in lines:
+            return False
+        lines[custom_id] = outcome
+        return True
+
+    async def batch_lines(self, batch_id: str) -> dict[str, str]:
+        return dict(self._batch_lines.get(batch_id, {}))
+
+    async def drop_batch_lines(self, batch_id: str) -> None:
+        self._batch_lines.pop(batch_id, None)
 
     async def subscribe(self) -> AsyncIterator[Change]:
         queue: asyncio.Queue[Change | None] = asyncio.Queue(_SUBSCRIBER_QUEUE)

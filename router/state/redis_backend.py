@@ -40,6 +40,7 @@ from router.state.base import (
     StateFull,
     StateLimits,
     StateUnavailable,
+    check_batch_line,
 )
 
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -258,6 +259,20 @@ class RedisState(ControlState):
             args=[repr(rate.capacity), repr(rate.refill_per_s), repr(float(cost))],
         ))  # fmt: skip
         return float(wait)
+
+    async def record_batch_line(self, batch_id: str, custom_id: str, outcome: str) -> bool:
+        check_batch_line(outcome, self.limits)
+        kept = await self._call(
+            self._redis.hsetnx(self._key("batchlines", batch_id), custom_id, outcome)
+        )
+        return bool(kept)
+
+    async def batch_lines(self, batch_id: str) -> dict[str, str]:
+        found = await self._call(self._redis.hgetall(self._key("batchlines", batch_id)))
+        return dict(found)  # decode_responses: str keys and values
+
+    async def drop_batch_lines(self, batch_id: str) -> None:
+        await self._call(self._redis.delete(self._key("batchlines", batch_id)))
 
     async def subscribe(self) -> AsyncIterator[Change]:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

@@ -23,7 +23,11 @@ from router.state.memory import MemoryState
 from router.state.redis_backend import RedisState
 
 LIMITS = StateLimits(
-    max_workers=3, max_audit_entries=5, max_document_bytes=1024, max_review_items=3
+    max_workers=3,
+    max_audit_entries=5,
+    max_document_bytes=1024,
+    max_review_items=3,
+    max_batch_line_bytes=2048,
 )
 
 
@@ -217,3 +221,16 @@ async def test_review_items_are_capped_marked_and_their_text_expires(state: Cont
     else:
         await asyncio.sleep(0.4)  # Redis expires on the server's clock
     assert "text" not in (await state.review_items(limit=1))[0]
+
+
+async def test_a_batch_line_is_kept_once_whoever_records_it(state: ControlState):
+    assert await state.record_batch_line("b1", "line-1", '{"n": 1}')
+    assert not await state.record_batch_line("b1", "line-1", '{"n": 2}')  # the first wins
+    assert await state.record_batch_line("b1", "line-2", '{"n": 3}')
+    assert await state.record_batch_line("b2", "line-1", '{"n": 4}')  # another batch's own
+    assert await state.batch_lines("b1") == {"line-1": '{"n": 1}', "line-2": '{"n": 3}'}
+    with pytest.raises(StateFull):
+        await state.record_batch_line("b1", "big", "x" * (LIMITS.max_batch_line_bytes + 1))
+    await state.drop_batch_lines("b1")
+    assert await state.batch_lines("b1") == {}
+    assert await state.batch_lines("b2") == {"line-1": '{"n": 4}'}

@@ -1,0 +1,369 @@
+"""Runs batches: validates each input file, sends its lines through the router's own
+request path at the lowest priority, keeps every line's outcome, and writes the output
+and error files.
+
+A replica's runner scans the batches every ``batch_poll_s`` and takes those whose
+lease is free (``book.py``), at most ``batch_max_active`` at once. For a batch it holds:
+- ``validating``: the input file is checked whole (``validation.py``); any fault fails
+  the batch with every faulty line named, and nothing runs;
+- ``in_progress``: the lines not yet kept are sent, ``batch_max_in_flight`` at a time,
+  as the batch's tenant with priority ``batch`` (``LineAnswer``: the same validation,
+  screens, rate limits, admission and routing a client's request gets, so interactive
+  traffic goes first and the tenant's quotas count batch tokens). A 429 or 503 (no
+  room now) is not an outcome: the line waits its Retry-After and goes again. Any other
+  answer is kept, once per ``custom_id`` (``ControlState.record_batch_line``), before
+  the line counts as done;
+- a cancel (``cancelling``) or the end of the completion window stops sending; lines
+  in flight finish and are kept;
+- ``finalizing``: the kept lines go to the output file (2xx) and the error file (the
+  rest, and a ``batch_cancelled`` or ``batch_expired`` error for each line never run),
+  under ids derived from the batch's, so a replica that takes over a half-finished
+  finalization writes the same files again, not new ones.
+
+A runner that dies mid-batch leaves its lease to lapse; the next one skips every kept
+line. A line in flight at the crash runs again, and only its first outcome is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from contracts.batch import (
+    ENDED,
+    Batch,
+    BatchError,
+    BatchErrors,
+    FileObject,
+    InputLine,
+    LineError,
+    LineResponse,
+    OutputLine,
+    RequestCounts,
+)
+from router.batch.book import BatchBook, BatchRecord
+from router.batch.file_store import FileStore, read_all
+from router.batch.validation import BodyCheck, check_input
+from router.state.base import ControlState
+
+log = logging.getLogger("pdserve.batch")
+
+# (endpoint path, body, tenant name) -> (status, answer body, Retry-After seconds or None)
+LineAnswer = Callable[[str, dict, str], Awaitable[tuple[int, bytes, float | None]]]
+BodyChecks = Callable[[str, str], BodyCheck]  # (endpoint, tenant) -> its body check
+_RETRIED = frozenset({429, 503})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerLimits:
+    poll_s: float = 1.0
+    lease_s: float = 15.0
+    max_active: int = 4
+    max_in_flight: int = 4
+    max_lines: int = 50_000
+    max_body_bytes: int = 4 * 1024 * 1024
+    retry_cap_s: float = 30.0
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        *,
+        book: BatchBook,
+        state: ControlState,
+        files: FileStore,
+        answer: LineAnswer,
+        body_checks: BodyChecks,
+        limits: RunnerLimits,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._book = book
+        self._state = state
+        self._files = files
+        self._answer = answer
+        self._body_checks = body_checks
+        self._limits = limits
+        self._now = wall_clock
+        self.owner = "runner-" + secrets.token_hex(6)
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    def __repr__(self) -> str:
+        return f"BatchRunner({self.owner}, running={sorted(self._running)})"
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                try:
+                    await self.scan()
+                except Exception:  # the state may be away; the next scan tries again
+                    log.exception("batch scan failed")
+                await asyncio.sleep(self._limits.poll_s)
+        finally:
+            for task in self._running.values():
+                task.cancel()
+
+    async def scan(self) -> None:
+        for batch_id in await self._book.ids():
+            if batch_id in self._running or len(self._running) >= self._limits.max_active:
+                continue
+            record = await self._book.get(batch_id)
+            if record is None or record.batch.status in ENDED:
+                continue
+            if await self._book.take_lease(batch_id, self.owner, self._limits.lease_s):
+                task = asyncio.create_task(self._run(batch_id), name=f"batch {batch_id}")
+                self._running[batch_id] = task
+                task.add_done_callback(lambda _, b=batch_id: self._running.pop(b, None))
+
+    async def _run(self, batch_id: str) -> None:
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_lease(batch_id, stop))
+        try:
+            record = await self._book.get(batch_id)
+            if record is None:
+                return
+            lines = await self._lines(record)
+            if lines is None:
+                return  # failed validation
+            record = await self._book.get(batch_id)
+            if record is not None and record.batch.status == "in_progress":
+                await self._send(record, lines, stop)
+            await self._finish(batch_id, lines)
+        except Exception:
+            log.exception("batch %s: run failed; it is taken up again", batch_id)
+        finally:
+            keeper.cancel()
+
+    async def _keep_lease(self, batch_id: str, stop: asyncio.Event) -> None:
+        """Renew the lease and watch for a cancel or the window's end, every third of a
+        lease; a lost lease stops this runner's work on the batch."""
+        current = asyncio.current_task()
+        while True:
+            await asyncio.sleep(min(self._limits.lease_s / 3, 1.0))
+            if not await self._book.take_lease(batch_id, self.owner, self._limits.lease_s):
+                log.warning("batch %s: lease lost to another runner", batch_id)
+                run = self._running.get(batch_id)
+                if run is not None and run is not current:
+                    run.cancel()
+                return
+            record = await self._book.get(batch_id)
+            if record is None or record.batch.status == "cancelling" or self._expired(record):
+                stop.set()
+
+    def _expired(self, record: BatchRecord) -> bool:
+        expires = record.batch.expires_at
+        return expires is not None and self._now() >= expires
+
+    async def _lines(self, record: BatchRecord) -> list[InputLine] | None:
+        """The batch's lines; validated first if the batch is new (None: it failed)."""
+        batch = record.batch
+        now = int(self._now())
+        validating = batch.status == "validating"
+        try:
+            data = await read_all(self._files, batch.input_file_id)
+        except FileNotFoundError:
+            gone = BatchError(code="file_not_found", message="the input file was deleted",
+                              param="input_file_id")  # fmt: skip
+            failed = functools.partial(
+                _with, status="failed", failed_at=now, errors=BatchErrors(data=[gone])
+            )
+            await self._book.change(batch.id, failed)
+            return None
+        checked = check_input(
+            data,
+            endpoint=batch.endpoint,
+            # Validated once: a line is never dropped later because, say, its model's
+            # workers are away for a moment (it then fails on its own, in the error file).
+            check_body=self._body_checks(batch.endpoint, batch.tenant) if validating else None,
+            max_lines=self._limits.max_lines,
+            max_body_bytes=self._limits.max_body_bytes,
+        )
+        if not validating:
+            return checked.lines
+        if checked.errors:
+            await self._book.change(
+                batch.id,
+                lambda r: _with(
+                    r, status="failed", failed_at=now, errors=BatchErrors(data=checked.errors)
+                ),
+            )
+            return None
+        counts = RequestCounts(total=len(checked.lines))
+        await self._book.change(
+            batch.id,
+            lambda r: (
+                _with(r, status="in_progress", in_progress_at=now, request_counts=counts)
+                if r.batch.status == "validating"
+                else None
+            ),
+        )
+        return checked.lines
+
+    async def _send(self, record: BatchRecord, lines: list[InputLine], stop: asyncio.Event) -> None:
+        batch = record.batch
+        kept = await self._state.batch_lines(batch.id)
+        counts = _counts(len(lines), kept.values())
+        slots = asyncio.Semaphore(self._limits.max_in_flight)
+        tasks: set[asyncio.Task[None]] = set()
+        finished: list[asyncio.Task[None]] = []
+
+        async def one(line: InputLine) -> None:
+            try:
+                outcome = await self._answered(batch, line, stop)
+                if outcome is not None and await self._state.record_batch_line(
+                    batch.id, line.custom_id, outcome.model_dump_json()
+                ):
+                    counts.completed += outcome.succeeded
+                    counts.failed += not outcome.succeeded
+            finally:
+                slots.release()
+
+        publisher = asyncio.create_task(self._publish_counts(batch.id, counts))
+        try:
+            for line in lines:
+                if line.custom_id in kept:
+                    continue
+                await slots.acquire()
+                if stop.is_set():
+                    slots.release()
+                    break
+                task = asyncio.create_task(one(line))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(finished.append)
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            publisher.cancel()
+            for task in tasks:
+                task.cancel()
+        failed = [task.exception() for task in finished if not task.cancelled()]
+        if any(failed):  # a line not kept (the state away): the batch is taken up again
+            raise RuntimeError(f"{sum(map(bool, failed))} lines not kept") from next(
+                e for e in failed if e
+            )
+        await self._book.change(batch.id, lambda r: _with(r, request_counts=counts))
+
+    async def _answered(
+        self, batch: Batch, line: InputLine, stop: asyncio.Event
+    ) -> OutputLine | None:
+        """The line's outcome; None when the batch stopped while it waited for room."""
+        wait_s = 0.5
+        while not stop.is_set():
+            status, body, retry_after_s = await self._answer(line.url, line.body, batch.tenant)
+            if status not in _RETRIED:
+                return _output(line, status, body)
+            wait_s = min(self._limits.retry_cap_s, retry_after_s or wait_s * 2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait_s)
+        return None
+
+    async def _publish_counts(self, batch_id: str, counts: RequestCounts) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._book.change(
+                batch_id, functools.partial(_with, request_counts=counts.model_copy())
+            )
+
+    async def _finish(self, batch_id: str, lines: list[InputLine]) -> None:
+        record = await self._book.get(batch_id)
+        if record is None or record.batch.status in ENDED:
+            return
+        batch = record.batch
+        ending = {"cancelling": "cancelled"}.get(batch.status, "completed")
+        if ending == "completed" and self._expired(record):
+            ending = "expired"
+        now = int(self._now())
+        await self._book.change(
+            batch_id,
+            lambda r: (
+                _with(r, status="finalizing", finalizing_at=now)
+                if r.batch.status not in ENDED
+                else None
+            ),
+        )
+        kept = {
+            cid: OutputLine.model_validate_json(raw)
+            for cid, raw in (await self._state.batch_lines(batch_id)).items()
+        }
+        never_run = LineError(
+            code=f"batch_{ending}", message=f"the batch was {ending} before this request ran"
+        )
+        outputs = [
+            kept.get(line.custom_id)
+            or OutputLine(id=_line_id(), custom_id=line.custom_id, error=never_run)
+            for line in lines
+        ]
+        good = [o for o in outputs if o.succeeded]
+        bad = [o for o in outputs if not o.succeeded]
+        output_id = await self._write(batch, "output", good)
+        error_id = await self._write(batch, "error", bad)
+        counts = RequestCounts(total=len(lines), completed=len(good), failed=len(bad))
+        done_at = int(self._now())
+        await self._book.change(
+            batch_id,
+            lambda r: _with(
+                r,
+                status=ending,
+                output_file_id=output_id,
+                error_file_id=error_id,
+                request_counts=counts,
+                **{f"{ending}_at": done_at},
+            ),
+        )
+        await self._state.drop_batch_lines(batch_id)
+        log.info("batch %s %s: %d ok, %d failed", batch_id, ending, len(good), len(bad))
+
+    async def _write(self, batch: Batch, kind: str, outputs: list[OutputLine]) -> str | None:
+        if not outputs:
+            return None
+        digest = hashlib.sha256(f"{batch.id}/{kind}".encode()).hexdigest()[:24]
+        meta = FileObject(
+            id=f"file-{digest}",
+            bytes=0,
+            created_at=int(self._now()),
+            filename=f"{batch.id}_{kind}.jsonl",
+            purpose="batch_output",
+            tenant=batch.tenant,
+        )
+        await self._files.put(meta, _jsonl(outputs))
+        return meta.id
+
+
+def _with(record: BatchRecord, **changes: object) -> BatchRecord:
+    return record.model_copy(update={"batch": record.batch.model_copy(update=changes)})
+
+
+def _counts(total: int, kept: Iterable[str]) -> RequestCounts:
+    outcomes = [OutputLine.model_validate_json(raw) for raw in kept]
+    good = sum(o.succeeded for o in outcomes)
+    return RequestCounts(total=total, completed=good, failed=len(outcomes) - good)
+
+
+def _line_id() -> str:
+    return "batch_req_" + secrets.token_hex(12)
+
+
+def _output(line: InputLine, status: int, body: bytes) -> OutputLine:
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        parsed = body.decode(errors="replace")
+    request_id = parsed.get("id") if isinstance(parsed, dict) and "id" in parsed else _line_id()
+    return OutputLine(
+        id=_line_id(),
+        custom_id=line.custom_id,
+        response=LineResponse(status_code=status, request_id=str(request_id), body=parsed),
+    )
+
+
+async def _jsonl(outputs: list[OutputLine]) -> AsyncIterator[bytes]:
+    for start in range(0, len(outputs), 256):
+        yield b"".join(o.model_dump_json().encode() + b"\n" for o in outputs[start : start + 256])

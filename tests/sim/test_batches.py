@@ -1,0 +1,159 @@
+"""The Files and Batch API on a sim P/D cluster, through the official ``openai`` SDK:
+a batch end to end (every line answered as the same request sent alone is), a line the
+model refuses in the error file, bad input failing validation with line numbers,
+uploads past the cap, tenancy, and a cancel mid-batch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from localrun.cluster import LocalCluster
+from tests.clusters import MODEL, small_sim_cluster
+from tests.conditions import wait_for
+
+MAX_FILE_BYTES = 64 * 1024
+TENANTS = {"alice": {"keys": ["key-alice"]}, "bob": {"keys": ["key-bob"]}}
+ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    router_env = {"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_BATCH_POLL_S": "0.2",
+                  "PDSERVE_MAX_FILE_BYTES": str(MAX_FILE_BYTES)}  # fmt: skip
+    with small_sim_cluster(tmp_path_factory.mktemp("batches"), router_env=router_env) as local:
+        yield local
+
+
+def client(cluster: LocalCluster, key: str = "key-alice") -> openai.OpenAI:
+    return openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=key, max_retries=0)
+
+
+def line(i: int, **body: object) -> dict:
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": f"batch line {i} says", "max_tokens": 4,
+                     "temperature": 0, **body}}  # fmt: skip
+
+
+def jsonl(lines: list) -> bytes:
+    return b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines)
+
+
+def run(api: openai.OpenAI, lines: list, timeout_s: float = 90):
+    uploaded = api.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch")
+    batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                               completion_window="24h", metadata={"test": "batches"})  # fmt: skip
+    assert batch.status == "validating"
+    wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, timeout_s, "batch ended")
+    return api.batches.retrieve(batch.id)
+
+
+def lines_of(api: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in api.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_end_to_end_through_the_sdk(cluster):
+    api = client(cluster)
+    done = run(api, [line(i) for i in range(12)])
+    assert done.status == "completed", done
+    counts = done.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (12, 12, 0)
+    assert done.error_file_id is None and done.metadata == {"test": "batches"}
+    out = lines_of(api, done.output_file_id)
+    assert sorted(o["custom_id"] for o in out) == sorted(f"req-{i}" for i in range(12))
+    for answer in out[:3]:  # each as the same request alone (greedy)
+        body = line(int(answer["custom_id"].split("-")[1]))["body"]
+        alone = api.completions.create(**body)
+        assert answer["response"]["status_code"] == 200
+        assert answer["response"]["body"]["choices"][0]["text"] == alone.choices[0].text
+    assert done.id in [b.id for b in api.batches.list()]
+    outputs = [f.id for f in api.files.list(purpose="batch_output")]
+    assert done.output_file_id in outputs
+
+
+def test_a_line_the_model_refuses_goes_to_the_error_file(cluster):
+    api = client(cluster)
+    too_long = line(1, prompt="word " * 6000)  # past the model's context: a 400 when it runs
+    done = run(api, [line(0), too_long])
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    (failed,) = lines_of(api, done.error_file_id)
+    assert failed["custom_id"] == "req-1" and failed["response"]["status_code"] == 400
+    assert failed["response"]["body"]["error"]["code"] == "context_length_exceeded"
+
+
+def test_bad_input_fails_validation_naming_every_line(cluster):
+    api = client(cluster)
+    wrong_url = {**line(3), "url": "/v1/chat/completions"}
+    no_body = {k: v for k, v in line(5).items() if k != "body"}
+    done = run(api, [
+        line(0), "{not json", line(0), wrong_url, line(4, model="no-such-model"), no_body,
+        line(6, stream=True), line(7, max_tokens=-1),
+    ])  # fmt: skip
+    assert done.status == "failed" and done.output_file_id is None
+    found = [(e.line, e.code) for e in done.errors.data]
+    assert found == [
+        (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url"),
+        (5, "model_not_found"), (6, "missing_required_parameter"),
+        (7, "streaming_unsupported"), (8, "invalid_value"),
+    ]  # fmt: skip
+    assert done.request_counts.total == 0  # nothing ran
+
+
+def test_uploads_past_the_cap_are_413_and_nothing_is_kept(cluster):
+    api = client(cluster)
+    before = [f.id for f in api.files.list()]
+    with pytest.raises(openai.APIStatusError) as refused:
+        api.files.create(file=("big.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose="batch")
+    assert refused.value.status_code == 413
+    with pytest.raises(openai.BadRequestError):
+        api.files.create(file=("input.csv", jsonl([line(0)])), purpose="batch")
+    assert [f.id for f in api.files.list()] == before
+
+
+def test_a_tenant_sees_only_its_own_files_and_batches(cluster):
+    alice, bob = client(cluster), client(cluster, "key-bob")
+    uploaded = alice.files.create(file=("mine.jsonl", jsonl([line(0)])), purpose="batch")
+    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                                 completion_window="24h")  # fmt: skip
+    lookups = (
+        lambda: bob.files.retrieve(uploaded.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.files.content(uploaded.id),
+        lambda: bob.batches.cancel(batch.id),
+    )
+    for lookup in lookups:
+        with pytest.raises(openai.NotFoundError):
+            lookup()
+    with pytest.raises(openai.NotFoundError):  # nor use alice's file as its input
+        bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                           completion_window="24h")  # fmt: skip
+    assert uploaded.id not in [f.id for f in bob.files.list()]
+    assert batch.id not in [b.id for b in bob.batches.list()]
+
+
+def test_a_cancel_mid_batch_keeps_finished_lines_and_runs_no_more(cluster):
+    api = client(cluster)
+    lines = [line(i, max_tokens=48) for i in range(80)]
+    uploaded = api.files.create(file=("slow.jsonl", jsonl(lines)), purpose="batch")
+    batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                               completion_window="24h")  # fmt: skip
+    wait_for(lambda: api.batches.retrieve(batch.id).request_counts.completed >= 4, 60,
+             "a few lines done")  # fmt: skip
+    assert api.batches.cancel(batch.id).status == "cancelling"
+    wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, 60, "batch ended")
+    done = api.batches.retrieve(batch.id)
+    assert done.status == "cancelled"
+    finished, not_run = lines_of(api, done.output_file_id), lines_of(api, done.error_file_id)
+    ids = [o["custom_id"] for o in finished + not_run]
+    assert sorted(ids) == sorted(x["custom_id"] for x in lines)  # each exactly once
+    assert 4 <= len(finished) < 80
+    assert {o["error"]["code"] for o in not_run} == {"batch_cancelled"}
+    assert done.request_counts.completed == len(finished)
+    with pytest.raises(openai.ConflictError):
+        api.batches.cancel(batch.id)
