@@ -271,6 +271,11 @@ def markdown(result: dict) -> str:
         "| target | completed | failed | req/s | tokens/s | p99 ms |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
+    measured = result.get("part1_measured")
+    if measured:
+        note = (f"(Measured at commit {measured['commit']}, {measured['date']}: "
+                f"`{measured['command']}`; the rest of the page at this run's.)\n")  # fmt: skip
+        lines.insert(6, note)
     for run in result["part1"]["vllm_bench_serve"]:
         lines.append(f"| {run['target']} | {run['completed']} | {run['failed']} | "
                      f"{run['request_throughput']:.1f} | {run['total_token_throughput']:.0f} | "
@@ -290,10 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="engine/router pairs")
     parser.add_argument("--split-rounds", type=int, default=2, help="cut/never-cut pairs")
     parser.add_argument("--warm-up", type=int, default=300, help="requests before part 1")
+    parser.add_argument("--part1-from", type=Path, default=None,
+                        help="an earlier embeddings.json whose part 1 to keep (its commit "
+                        "and date are recorded); only part 2 runs")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pdserve-embeddings-"))
-    part1 = router_against_engine(work, args.rounds, args.warm_up)
+    earlier = json.loads(args.part1_from.read_text()) if args.part1_from else None
+    part1 = earlier["part1"] if earlier else router_against_engine(work, args.rounds, args.warm_up)
     split_rows = cut_or_not(work, args.split_rounds)
     result = {
         "command": ("python -m benchmarks.embeddings " + " ".join(argv or sys.argv[1:])).strip(),
@@ -302,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         "model": MODEL,
         "summary": summarise(part1, split_rows),
         "part1": part1,
+        # Part 1 taken from an earlier run (where it was measured), when it was.
+        "part1_measured": {k: earlier[k] for k in ("date", "command")}
+        | {"commit": earlier["machine"]["commit"]}
+        if earlier
+        else None,
         "cut_or_not": split_rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,6 @@ class LocalDirectoryStore:
         self._root = root
         self._max_files = max_files
         self.max_file_bytes = max_file_bytes
-        root.mkdir(parents=True, exist_ok=True)
 
     def __repr__(self) -> str:
         return f"LocalDirectoryStore({self._root}, max_files={self._max_files})"
@@ -75,6 +74,7 @@ class LocalDirectoryStore:
 
     async def put(self, meta: FileObject, chunks: AsyncIterable[bytes]) -> FileObject:
         data_path, meta_path = self._paths(meta.id)
+        self._root.mkdir(parents=True, exist_ok=True)  # on first use, not at start-up
         if len(list(self._root.glob("*.json"))) >= self._max_files:
             raise StoreFull(f"the file store holds {self._max_files} files, its limit")
         handle, temporary = tempfile.mkstemp(dir=self._root, prefix=".upload-")

@@ -10,9 +10,10 @@ lease is free (``book.py``), at most ``batch_max_active`` at once. For a batch i
   as the batch's tenant with priority ``batch`` (``LineAnswer``: the same validation,
   screens, rate limits, admission and routing a client's request gets, so interactive
   traffic goes first and the tenant's quotas count batch tokens). A 429 or 503 (no
-  room now) is not an outcome: the line waits its Retry-After and goes again. Any other
-  answer is kept, once per ``custom_id`` (``ControlState.record_batch_line``), before
-  the line counts as done;
+  room now) is not an outcome: the line waits its Retry-After and goes again. Another
+  5xx is tried again up to ``failed_attempts`` in all. Any other answer is kept, once
+  per ``custom_id`` (``ControlState.record_batch_line``), before the line counts as
+  done;
 - a cancel (``cancelling``) or the end of the completion window stops sending; lines
   in flight finish and are kept;
 - ``finalizing``: the kept lines go to the output file (2xx) and the error file (the
@@ -59,7 +60,7 @@ log = logging.getLogger("pdserve.batch")
 # (endpoint path, body, tenant name) -> (status, answer body, Retry-After seconds or None)
 LineAnswer = Callable[[str, dict, str], Awaitable[tuple[int, bytes, float | None]]]
 BodyChecks = Callable[[str, str], BodyCheck]  # (endpoint, tenant) -> its body check
-_RETRIED = frozenset({429, 503})
+_NO_ROOM = frozenset({429, 503})  # no room now: wait and send again, as long as it takes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +72,7 @@ class RunnerLimits:
     max_lines: int = 50_000
     max_body_bytes: int = 4 * 1024 * 1024
     retry_cap_s: float = 30.0
+    failed_attempts: int = 3  # tries of a line whose answer is a 5xx (a worker died)
 
 
 class BatchRunner:
@@ -254,11 +256,16 @@ class BatchRunner:
     async def _answered(
         self, batch: Batch, line: InputLine, stop: asyncio.Event
     ) -> OutputLine | None:
-        """The line's outcome; None when the batch stopped while it waited for room."""
-        wait_s = 0.5
+        """The line's outcome; None when the batch stopped while it waited for room. A
+        5xx (a worker failed past the router's own retries) is tried again, up to
+        ``failed_attempts`` in all, before it is the line's outcome."""
+        wait_s, failures = 0.5, 0
         while not stop.is_set():
             status, body, retry_after_s = await self._answer(line.url, line.body, batch.tenant)
-            if status not in _RETRIED:
+            failures += status >= 500 and status not in _NO_ROOM
+            if status not in _NO_ROOM and not (
+                status >= 500 and failures < self._limits.failed_attempts
+            ):
                 return _output(line, status, body)
             wait_s = min(self._limits.retry_cap_s, retry_after_s or wait_s * 2)
             with contextlib.suppress(TimeoutError):

@@ -124,8 +124,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
         admin_tokens=_admin_tokens(settings), networks=networks, tenants=_tenants(settings),
-        accounting=accounting,
-        admission=admission, rollout=rollout, rollout_path=rollout_path,
+        accounting=accounting, admission=admission, rollout=rollout, rollout_path=rollout_path,
         review=rollout_path.review, on_registered=registered,
         batch=build_batch_tier(settings.batch, state),
     )  # fmt: skip

@@ -14,10 +14,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import Request
+from fastapi import Request, UploadFile
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
-from starlette.datastructures import UploadFile
 
 from contracts.batch import ENDED, ENDPOINTS, Batch, FileObject
 from router.batch.book import BatchRecord, TooManyBatches, new_batch_id

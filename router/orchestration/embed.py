@@ -74,6 +74,9 @@ class Embedder:
         self._clock = clock
         self._rng = rng or random.Random()
         self._outcomes = WorkerOutcomes(registry, metrics, clock)
+        # When this router last heard back from each worker: an engine report older
+        # than that describes this router's own finished work (``_pieces``).
+        self._answered_at: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"Embedder(max_inputs={self._max_inputs}, split_min={self._split_min})"
@@ -110,16 +113,28 @@ class Embedder:
         self, inputs: Inputs, pool: Sequence[WorkerState]
     ) -> list[tuple[slice, WorkerState | None]]:
         """Where each piece goes: one piece (to the least-loaded worker) unless other
-        workers are idle: none of this router's requests on them, and no queue in their
-        engine's last report. Not the engine's running count: a heartbeat taken during
-        the request that just ended still says 1, for up to an interval, and would keep
-        back-to-back requests whole (benchmarks/embeddings.py saw it)."""
+        workers are idle: none of this router's requests on them, and, in their engine's
+        last report, nothing running or waiting, unless that report is older than this
+        router's last answer from the worker. A heartbeat taken during the request that
+        just ended still shows it, for up to an interval, and would keep back-to-back
+        requests whole (benchmarks/embeddings.py saw it, twice: one input list is as
+        many engine requests, so its waiting count lingers too)."""
         if self._split_min <= 0 or len(inputs) < 2 * self._split_min:
             return [(slice(0, len(inputs)), None)]
-        idle = [
-            w for w in pool
-            if self._load.of(w.worker_id).requests == 0 and w.load.num_requests_waiting == 0
-        ]  # fmt: skip
+        for gone in set(self._answered_at) - {w.worker_id for w in pool}:
+            del self._answered_at[gone]  # bounded by the pool
+
+        def idle(worker: WorkerState) -> bool:
+            if self._load.of(worker.worker_id).requests:
+                return False
+            engine = worker.load
+            fresh = worker.last_seen_s > self._answered_at.get(worker.worker_id, 0.0) + 0.25
+            return not fresh or engine.num_requests_running + engine.num_requests_waiting == 0
+
+        slices = split_points(len(inputs), sum(map(idle, pool)), self._split_min)
+        if len(slices) == 1:
+            return [(slices[0], None)]
+        return list(zip(slices, filter(idle, pool), strict=False))
         slices = split_points(len(inputs), len(idle), self._split_min)
         if len(slices) == 1:
             return [(slices[0], None)]
@@ -168,6 +183,8 @@ class Embedder:
             except (EngineUnreachable, EngineHTTPError) as error:
                 failures.append(self._outcomes.triage(worker, error))  # a 4xx is re-raised
                 continue
+            finally:
+                self._answered_at[worker.worker_id] = self._clock()
             self._outcomes.answered(worker)
             return payload
         raise UpstreamFailed("embedding failed: " + "; ".join(failures), code="embedding_failed")
