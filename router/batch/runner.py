@@ -85,6 +85,8 @@ class BatchRunner:
         answer: LineAnswer,
         body_checks: BodyChecks,
         limits: RunnerLimits,
+        count_line: Callable[[str], None] = lambda outcome: None,
+        count_ended: Callable[[str], None] = lambda status: None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._book = book
@@ -93,6 +95,7 @@ class BatchRunner:
         self._answer = answer
         self._body_checks = body_checks
         self._limits = limits
+        self._count_line, self._count_ended = count_line, count_ended
         self._now = wall_clock
         self.owner = "runner-" + secrets.token_hex(6)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -177,6 +180,7 @@ class BatchRunner:
                 _with, status="failed", failed_at=now, errors=BatchErrors(data=[gone])
             )
             await self._book.change(batch.id, failed)
+            self._count_ended("failed")
             return None
         checked = check_input(
             data,
@@ -196,6 +200,7 @@ class BatchRunner:
                     r, status="failed", failed_at=now, errors=BatchErrors(data=checked.errors)
                 ),
             )
+            self._count_ended("failed")
             return None
         counts = RequestCounts(total=len(checked.lines))
         await self._book.change(
@@ -224,6 +229,7 @@ class BatchRunner:
                 ):
                     counts.completed += outcome.succeeded
                     counts.failed += not outcome.succeeded
+                    self._count_line("succeeded" if outcome.succeeded else "failed")
             finally:
                 slots.release()
 
@@ -326,6 +332,7 @@ class BatchRunner:
             ),
         )
         await self._state.drop_batch_lines(batch_id)
+        self._count_ended(ending)
         log.info("batch %s %s: %d ok, %d failed", batch_id, ending, len(good), len(bad))
 
     async def _write(self, batch: Batch, kind: str, outputs: list[OutputLine]) -> str | None:

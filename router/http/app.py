@@ -224,6 +224,8 @@ def _batch_runner(parts: RouterParts) -> BatchRunner:
     return BatchRunner(
         book=parts.batch.book, state=parts.state, files=parts.batch.files, answer=answer,
         body_checks=lambda path, tenant: batch_body_check(parts, path, tenant), limits=limits,
+        count_line=lambda outcome: parts.metrics.batch_lines.labels(outcome).inc(),
+        count_ended=lambda status: parts.metrics.batches_ended.labels(status).inc(),
     )  # fmt: skip
 
 

@@ -119,6 +119,7 @@ class RouterMetrics:
         self._declare_process_gauges(r)
         self._declare_worker_gauges(r)
         self._declare_embeddings(r)
+        self._declare_batches(r)
         self._shared: list[Collector] = []  # views of state every process holds alike
         self._publishers: list[Callable[[], None]] = []
         self._derive: Callable[[list[Metric]], Iterable[Metric]] = lambda _: ()
@@ -482,6 +483,20 @@ class RouterMetrics:
         self.routed_hit_tokens = Counter(
             "pdserve_routed_predicted_hit_tokens",
             "Of those, the tokens the router predicted cached there", ["worker"], registry=r,
+        )  # fmt: skip
+
+    def _declare_batches(self, r: CollectorRegistry) -> None:
+        self.batch_lines = Counter(
+            "pdserve_batch_lines",
+            "Batch lines answered and kept, by outcome: succeeded (2xx) or failed (the "
+            "error file); a line waiting for room (429, 503) is not counted until answered",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.batches_ended = Counter(
+            "pdserve_batches_ended",
+            "Batches that ended on this router, by status: completed, failed (validation), "
+            "cancelled, expired",
+            ["status"], registry=r,
         )  # fmt: skip
 
     def _declare_embeddings(self, r: CollectorRegistry) -> None:

@@ -15,6 +15,10 @@ from localrun.cluster import LocalCluster
 from tests.clusters import MODEL, small_sim_cluster
 from tests.conditions import wait_for
 
+# Slow tier: a sim P/D cluster running several batches (about 20 CPU-seconds); the
+# batch tier's parts alone are in the fast tier (tests/unit/test_batch_parts.py).
+pytestmark = pytest.mark.slow
+
 MAX_FILE_BYTES = 64 * 1024
 TENANTS = {"alice": {"keys": ["key-alice"]}, "bob": {"keys": ["key-bob"]}}
 ENDED = ("completed", "failed", "expired", "cancelled")
