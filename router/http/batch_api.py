@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import Request, UploadFile
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
@@ -85,9 +85,9 @@ async def upload_file(request: Request) -> dict[str, Any]:
         upload, purpose = form.get("file"), form.get("purpose")
         if purpose != "batch":
             raise InvalidRequest("purpose must be 'batch'", param="purpose")
-        if not isinstance(upload, UploadFile):
+        if upload is None or isinstance(upload, str):  # a form value is text or a file
             raise InvalidRequest("the form needs a file part named 'file'", param="file")
-        name = upload.filename or ""
+        name = getattr(upload, "filename", None) or ""
         if not name.endswith(".jsonl"):
             raise InvalidRequest("Invalid file format for Batch API. Must be .jsonl", param="file")
         meta = FileObject(
@@ -107,7 +107,8 @@ async def upload_file(request: Request) -> dict[str, Any]:
     return kept.public()
 
 
-async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+async def _chunks(upload: Any) -> AsyncIterator[bytes]:
+    """An uploaded part's bytes (Starlette's ``UploadFile``), a MiB at a time."""
     while chunk := await upload.read(1024 * 1024):
         yield chunk
 

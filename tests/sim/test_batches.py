@@ -104,8 +104,9 @@ def test_bad_input_fails_validation_naming_every_line(cluster):
     assert found == [
         (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url"),
         (5, "model_not_found"), (6, "missing_required_parameter"),
-        (7, "streaming_unsupported"), (8, "invalid_value"),
+        (7, "streaming_unsupported"), (8, "invalid_request"),
     ]  # fmt: skip
+    assert done.errors.data[-1].param == "body.max_tokens"  # as the endpoint names it
     assert done.request_counts.total == 0  # nothing ran
 
 
