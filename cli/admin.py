@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action.add_argument("worker")
     audit = actions.add_parser("audit", help="who changed what, and how it ended")
     audit.add_argument("--limit", type=int, default=50)
+    batches = actions.add_parser("batches", help="every tenant's batches; --cancel to cancel one")
+    batches.add_argument("--limit", type=int, default=100)
+    batches.add_argument("--cancel", metavar="BATCH_ID")
     _add_rollout_actions(actions)
 
 
@@ -89,6 +92,8 @@ def main(args: argparse.Namespace) -> int:
         return _change_ratio(call, args)
     elif args.action in ("drain", "undrain"):
         print(json.dumps(call("POST", f"/admin/v1/workers/{args.worker}/{args.action}")))
+    elif args.action == "batches":
+        _batches(call, args)
     elif args.action == "audit":
         for e in call("GET", f"/admin/v1/audit?limit={args.limit}")["entries"]:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at_unix_s"]))
@@ -119,6 +124,19 @@ def rollout_action(call: Caller, args: argparse.Namespace) -> Any:
     if args.mark:
         return call("POST", f"/admin/v1/review/{args.mark[0]}", {"mark": args.mark[1]})
     return call("GET", f"/admin/v1/review?limit={args.limit}")
+
+
+def _batches(call: Caller, args: argparse.Namespace) -> None:
+    if args.cancel:
+        print(json.dumps(call("POST", f"/admin/v1/batches/{args.cancel}/cancel"), indent=2))
+        return
+    for b in call("GET", f"/admin/v1/batches?limit={args.limit}")["data"]:
+        counts = b["request_counts"]
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b["created_at"]))
+        print(
+            f"{b['id']}  {created}  {b['tenant'] or '-':<12} {b['status']:<11} "
+            f"{counts['completed']}+{counts['failed']}/{counts['total']}  {b['endpoint']}"
+        )
 
 
 def _route_body(call: Caller, route: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -73,6 +73,9 @@ def render(snapshot: StatusSnapshot) -> Group:
         for m in routed:
             routes.add_row(m.model, m.route)
         tables.append(routes)
+    if snapshot.batches:
+        line = ", ".join(f"{count} {status}" for status, count in sorted(snapshot.batches.items()))
+        tables.append(Text(f"batches (newest 100): {line}"))
     return Group(title, *tables, _workers_table(snapshot.models))
 
 

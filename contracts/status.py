@@ -54,3 +54,5 @@ class StatusSnapshot(_Frozen):
     window_s: float
     taken_at_unix_s: float
     models: list[ModelStatus]
+    # The newest batches (at most 100) by status: "in_progress" -> 2, "completed" -> 9.
+    batches: dict[str, int] = {}

@@ -5,6 +5,7 @@ that the folder picture is the architecture:
 
     http -> prepare -> admission -> scheduling -> orchestration (-> relay)
     fleet, rollout, state: the control plane; observability: what it all reports
+    batch: files and batches, run through the same path at the lowest priority
 
 Beside them, what every subpackage may use: ``errors`` (OpenAI's error shape),
 ``settings`` (the typed knobs) and ``parts`` (the long-lived objects one router holds).

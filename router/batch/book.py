@@ -29,6 +29,8 @@ class BatchRecord(BaseModel):
     batch: Batch
     owner: str | None = None  # the replica whose runner holds the lease
     lease_until_unix_s: float = 0.0
+    # At its pace so far it would not finish before it expires (``runner.at_risk``).
+    at_risk: bool = False
 
 
 class TooManyBatches(RuntimeError):
@@ -89,6 +91,15 @@ class BatchBook:
     async def ids(self) -> list[str]:
         found = await self._state.document(_INDEX)
         return list(found[1]["ids"]) if found else []
+
+    async def count_by_status(self, *, newest: int) -> dict[str, int]:
+        """How many of the newest ``newest`` batches are in each status."""
+        counts: dict[str, int] = {}
+        for batch_id in (await self.ids())[-newest:]:
+            record = await self.get(batch_id)
+            if record is not None:
+                counts[record.batch.status] = counts.get(record.batch.status, 0) + 1
+        return counts
 
     async def change(
         self, batch_id: str, edit: Callable[[BatchRecord], BatchRecord | None]

@@ -87,6 +87,7 @@ class BatchRunner:
         limits: RunnerLimits,
         count_line: Callable[[str], None] = lambda outcome: None,
         count_ended: Callable[[str], None] = lambda status: None,
+        count_at_risk: Callable[[], None] = lambda: None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._book = book
@@ -96,6 +97,7 @@ class BatchRunner:
         self._body_checks = body_checks
         self._limits = limits
         self._count_line, self._count_ended = count_line, count_ended
+        self._count_at_risk = count_at_risk
         self._now = wall_clock
         self.owner = "runner-" + secrets.token_hex(6)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -233,7 +235,11 @@ class BatchRunner:
             finally:
                 slots.release()
 
-        publisher = asyncio.create_task(self._publish_counts(batch.id, counts))
+        def widen() -> None:  # a batch at risk gets twice the lines in flight
+            for _ in range(self._limits.max_in_flight):
+                slots.release()
+
+        publisher = asyncio.create_task(self._publish_counts(batch, counts, widen))
         try:
             for line in lines:
                 if line.custom_id in kept:
@@ -278,12 +284,26 @@ class BatchRunner:
                 await asyncio.wait_for(stop.wait(), wait_s)
         return None
 
-    async def _publish_counts(self, batch_id: str, counts: RequestCounts) -> None:
+    async def _publish_counts(
+        self, batch: Batch, counts: RequestCounts, widen: Callable[[], None]
+    ) -> None:
+        """Every second: the counts, and whether the batch is at risk of expiring. The
+        first time it is, it is counted (``pdserve_batches_at_risk_total``, an alert)
+        and given twice the lines in flight."""
+        started_s, done_before = self._now(), counts.completed + counts.failed
+        flagged = False
         while True:
             await asyncio.sleep(1.0)
-            await self._book.change(
-                batch_id, functools.partial(_with, request_counts=counts.model_copy())
-            )
+            done = counts.completed + counts.failed
+            risky = at_risk(now_s=self._now(), started_s=started_s, done=done - done_before,
+                            left=counts.total - done, expires_at=batch.expires_at)  # fmt: skip
+            update = functools.partial(_published, counts=counts.model_copy(), risky=risky)
+            await self._book.change(batch.id, update)
+            if risky and not flagged:
+                flagged = True
+                log.warning("batch %s is at risk of expiring: %s", batch.id, counts)
+                self._count_at_risk()
+                widen()
 
     async def _finish(self, batch_id: str, lines: list[InputLine]) -> None:
         record = await self._book.get(batch_id)
@@ -349,6 +369,25 @@ class BatchRunner:
         )
         await self._files.put(meta, _jsonl(outputs))
         return meta.id
+
+
+def at_risk(
+    *, now_s: float, started_s: float, done: int, left: int, expires_at: int | None,
+    min_elapsed_s: float = 5.0,
+) -> bool:  # fmt: skip
+    """Whether, at the pace since ``started_s`` (``done`` lines), the ``left`` lines end
+    past ``expires_at``. Not judged before ``min_elapsed_s``; no progress by then
+    with lines left is at risk."""
+    elapsed_s = now_s - started_s
+    if expires_at is None or left <= 0 or elapsed_s < min_elapsed_s:
+        return False
+    if done <= 0:
+        return True
+    return now_s + left * elapsed_s / done > expires_at
+
+
+def _published(record: BatchRecord, *, counts: RequestCounts, risky: bool) -> BatchRecord:
+    return _with(record, request_counts=counts).model_copy(update={"at_risk": risky})
 
 
 def _with(record: BatchRecord, **changes: object) -> BatchRecord:

@@ -39,10 +39,13 @@ class PoolChange(BaseModel):
 
 
 _AUDIT_LIMIT_MAX = 1000
+STATUS_BATCHES = 100  # the status view counts the newest this many batches
 
 
 async def read_status(request: Request) -> dict[str, Any]:
-    return snapshot(parts_of(request)).model_dump(mode="json")
+    parts = parts_of(request)
+    batches = await parts.batch.book.count_by_status(newest=STATUS_BATCHES)
+    return snapshot(parts).model_copy(update={"batches": batches}).model_dump(mode="json")
 
 
 async def list_pools(request: Request) -> dict[str, Any]:
@@ -107,7 +110,7 @@ async def get_operation(request: Request, operation_id: str) -> dict[str, Any]:
 async def drain_worker(request: Request, worker_id: str) -> dict[str, Any]:
     _known(request, worker_id)
     await _set_held(request, worker_id, held=True)
-    await _audit(request, "drain", worker_id)
+    await audit_change(request, "drain", worker_id)
     return {"worker_id": worker_id, "held": True}
 
 
@@ -117,7 +120,7 @@ async def undrain_worker(request: Request, worker_id: str) -> dict[str, Any]:
     if parts.pools.wanted_role(worker_id) is not None:
         raise InvalidRequest(f"{worker_id} is being re-roled; wait for its operation")
     await _set_held(request, worker_id, held=False)
-    await _audit(request, "undrain", worker_id)
+    await audit_change(request, "undrain", worker_id)
     return {"worker_id": worker_id, "held": False}
 
 
@@ -127,7 +130,7 @@ async def delete_worker(request: Request, worker_id: str) -> dict[str, Any]:
     parts.registry.deregister(worker_id)
     parts.forget_worker(worker_id)
     await parts.sync.removed(worker_id)
-    await _audit(request, "delete", worker_id)
+    await audit_change(request, "delete", worker_id)
     return {"deleted": worker_id}
 
 
@@ -177,7 +180,8 @@ def _value(role: WorkerRole | None) -> str | None:
     return None if role is None else role.value
 
 
-async def _audit(request: Request, action: str, target: str) -> None:
+async def audit_change(request: Request, action: str, target: str) -> None:
+    """Record a person's change in the audit log (also batch_api's admin cancel)."""
     parts = parts_of(request)
     with contextlib.suppress(StateUnavailable):  # the change stands; its record is lost
         await parts.state.append_audit(

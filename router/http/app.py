@@ -226,6 +226,7 @@ def _batch_runner(parts: RouterParts) -> BatchRunner:
         body_checks=lambda path, tenant: batch_body_check(parts, path, tenant), limits=limits,
         count_line=lambda outcome: parts.metrics.batch_lines.labels(outcome).inc(),
         count_ended=lambda status: parts.metrics.batches_ended.labels(status).inc(),
+        count_at_risk=parts.metrics.batches_at_risk.inc,
     )  # fmt: skip
 
 

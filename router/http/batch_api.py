@@ -24,6 +24,7 @@ from router.batch.file_store import FileTooLarge, StoreFull, new_file_id
 from router.batch.tier import BatchTier
 from router.errors import Conflict, InvalidRequest, NotFound, Overloaded, RequestTooLarge
 from router.http.access import Access, Route, parts_of
+from router.http.admin_api import audit_change
 from router.http.http_io import json_body
 
 _FORM_OVERHEAD_BYTES = 64 * 1024  # multipart boundaries and the other fields
@@ -228,6 +229,10 @@ async def list_batches(request: Request) -> dict[str, Any]:
 async def cancel_batch(request: Request) -> dict[str, Any]:
     batch_id = request.path_params["batch_id"]
     await _own_batch(request, batch_id)
+    return (await _cancel(_tier(request), batch_id)).public()
+
+
+async def _cancel(tier: BatchTier, batch_id: str) -> Batch:
     now = int(time.time())
 
     def cancel(record: BatchRecord) -> BatchRecord | None:
@@ -236,13 +241,38 @@ async def cancel_batch(request: Request) -> dict[str, Any]:
         batch = record.batch.model_copy(update={"status": "cancelling", "cancelling_at": now})
         return record.model_copy(update={"batch": batch})
 
-    record = await _tier(request).book.change(batch_id, cancel)
+    record = await tier.book.change(batch_id, cancel)
     if record is None:
         raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
     status = record.batch.status
     if status in ENDED or status == "finalizing":
         raise Conflict(f"the batch is {status}: it cannot be cancelled", code="batch_ended")
-    return record.batch.public()
+    return record.batch
+
+
+# -- the SRE's view: every tenant's batches ----------------------------------------------
+
+
+async def admin_list_batches(request: Request) -> dict[str, Any]:
+    """Every batch, newest first, with its tenant (``pdserve admin batches``)."""
+    limit = _limit(request, 100, 1000)
+    book = _tier(request).book
+    found = []
+    for batch_id in reversed(await book.ids()):
+        record = await book.get(batch_id)
+        if record is not None:
+            found.append({**record.batch.public(), "tenant": record.batch.tenant,
+                          "runner": record.owner, "at_risk": record.at_risk})  # fmt: skip
+        if len(found) >= limit:
+            break
+    return {"object": "list", "data": found}
+
+
+async def admin_cancel_batch(request: Request) -> dict[str, Any]:
+    batch_id = request.path_params["batch_id"]
+    cancelled = await _cancel(_tier(request), batch_id)
+    await audit_change(request, "cancel_batch", batch_id)
+    return cancelled.public()
 
 
 ROUTES: tuple[Route, ...] = (
@@ -255,4 +285,6 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/batches", list_batches, Access.CLIENT),
     Route("GET", "/v1/batches/{batch_id}", get_batch, Access.CLIENT, answer=Batch),
     Route("POST", "/v1/batches/{batch_id}/cancel", cancel_batch, Access.CLIENT, answer=Batch),
+    Route("GET", "/admin/v1/batches", admin_list_batches, Access.VIEWER),
+    Route("POST", "/admin/v1/batches/{batch_id}/cancel", admin_cancel_batch, Access.OPERATOR),
 )

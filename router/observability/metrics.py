@@ -492,6 +492,12 @@ class RouterMetrics:
             "error file); a line waiting for room (429, 503) is not counted until answered",
             ["outcome"], registry=r,
         )  # fmt: skip
+        self.batches_at_risk = Counter(
+            "pdserve_batches_at_risk",
+            "Batches found at risk of expiring (at their pace so far they would end past "
+            "their completion window); each is counted once, and given more lines in flight",
+            registry=r,
+        )  # fmt: skip
         self.batches_ended = Counter(
             "pdserve_batches_ended",
             "Batches that ended on this router, by status: completed, failed (validation), "

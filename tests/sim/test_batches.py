@@ -6,8 +6,11 @@ uploads past the cap, tenancy, and a cancel mid-batch."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -19,15 +22,18 @@ from tests.conditions import wait_for
 # batch tier's parts alone are in the fast tier (tests/unit/test_batch_parts.py).
 pytestmark = pytest.mark.slow
 
-MAX_FILE_BYTES = 64 * 1024
+MAX_FILE_BYTES = 256 * 1024
 TENANTS = {"alice": {"keys": ["key-alice"]}, "bob": {"keys": ["key-bob"]}}
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    router_env = {"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_BATCH_POLL_S": "0.2",
-                  "PDSERVE_MAX_FILE_BYTES": str(MAX_FILE_BYTES)}  # fmt: skip
+    router_env = {
+        "PDSERVE_TENANTS": json.dumps(TENANTS),
+        "PDSERVE_BATCH_POLL_S": "0.2",
+        "PDSERVE_MAX_FILE_BYTES": str(MAX_FILE_BYTES),
+    }
     with small_sim_cluster(tmp_path_factory.mktemp("batches"), router_env=router_env) as local:
         yield local
 
@@ -37,9 +43,18 @@ def client(cluster: LocalCluster, key: str = "key-alice") -> openai.OpenAI:
 
 
 def line(i: int, **body: object) -> dict:
-    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
-            "body": {"model": MODEL, "prompt": f"batch line {i} says", "max_tokens": 4,
-                     "temperature": 0, **body}}  # fmt: skip
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {
+            "model": MODEL,
+            "prompt": f"batch line {i} says",
+            "max_tokens": 4,
+            "temperature": 0,
+            **body,
+        },
+    }
 
 
 def jsonl(lines: list) -> bytes:
@@ -48,8 +63,12 @@ def jsonl(lines: list) -> bytes:
 
 def run(api: openai.OpenAI, lines: list, timeout_s: float = 90):
     uploaded = api.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch")
-    batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                               completion_window="24h", metadata={"test": "batches"})  # fmt: skip
+    batch = api.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata={"test": "batches"},
+    )
     assert batch.status == "validating"
     wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, timeout_s, "batch ended")
     return api.batches.retrieve(batch.id)
@@ -95,17 +114,30 @@ def test_bad_input_fails_validation_naming_every_line(cluster):
     api = client(cluster)
     wrong_url = {**line(3), "url": "/v1/chat/completions"}
     no_body = {k: v for k, v in line(5).items() if k != "body"}
-    done = run(api, [
-        line(0), "{not json", line(0), wrong_url, line(4, model="no-such-model"), no_body,
-        line(6, stream=True), line(7, max_tokens=-1),
-    ])  # fmt: skip
+    done = run(
+        api,
+        [
+            line(0),
+            "{not json",
+            line(0),
+            wrong_url,
+            line(4, model="no-such-model"),
+            no_body,
+            line(6, stream=True),
+            line(7, max_tokens=-1),
+        ],
+    )
     assert done.status == "failed" and done.output_file_id is None
     found = [(e.line, e.code) for e in done.errors.data]
     assert found == [
-        (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url"),
-        (5, "model_not_found"), (6, "missing_required_parameter"),
-        (7, "streaming_unsupported"), (8, "invalid_request"),
-    ]  # fmt: skip
+        (2, "invalid_json_line"),
+        (3, "duplicate_custom_id"),
+        (4, "invalid_url"),
+        (5, "model_not_found"),
+        (6, "missing_required_parameter"),
+        (7, "streaming_unsupported"),
+        (8, "invalid_request"),
+    ]
     assert done.errors.data[-1].param == "body.max_tokens"  # as the endpoint names it
     assert done.request_counts.total == 0  # nothing ran
 
@@ -124,8 +156,9 @@ def test_uploads_past_the_cap_are_413_and_nothing_is_kept(cluster):
 def test_a_tenant_sees_only_its_own_files_and_batches(cluster):
     alice, bob = client(cluster), client(cluster, "key-bob")
     uploaded = alice.files.create(file=("mine.jsonl", jsonl([line(0)])), purpose="batch")
-    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                                 completion_window="24h")  # fmt: skip
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
     lookups = (
         lambda: bob.files.retrieve(uploaded.id),
         lambda: bob.batches.retrieve(batch.id),
@@ -136,8 +169,9 @@ def test_a_tenant_sees_only_its_own_files_and_batches(cluster):
         with pytest.raises(openai.NotFoundError):
             lookup()
     with pytest.raises(openai.NotFoundError):  # nor use alice's file as its input
-        bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                           completion_window="24h")  # fmt: skip
+        bob.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        )
     assert uploaded.id not in [f.id for f in bob.files.list()]
     assert batch.id not in [b.id for b in bob.batches.list()]
 
@@ -146,10 +180,12 @@ def test_a_cancel_mid_batch_keeps_finished_lines_and_runs_no_more(cluster):
     api = client(cluster)
     lines = [line(i, max_tokens=48) for i in range(80)]
     uploaded = api.files.create(file=("slow.jsonl", jsonl(lines)), purpose="batch")
-    batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                               completion_window="24h")  # fmt: skip
-    wait_for(lambda: api.batches.retrieve(batch.id).request_counts.completed >= 4, 60,
-             "a few lines done")  # fmt: skip
+    batch = api.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    wait_for(
+        lambda: api.batches.retrieve(batch.id).request_counts.completed >= 4, 60, "a few lines done"
+    )
     assert api.batches.cancel(batch.id).status == "cancelling"
     wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, 60, "batch ended")
     done = api.batches.retrieve(batch.id)
@@ -162,3 +198,68 @@ def test_a_cancel_mid_batch_keeps_finished_lines_and_runs_no_more(cluster):
     assert done.request_counts.completed == len(finished)
     with pytest.raises(openai.ConflictError):
         api.batches.cancel(batch.id)
+
+
+def test_an_sre_lists_every_tenants_batches_and_cancels_one(cluster):
+    alice = client(cluster)
+    uploaded = alice.files.create(
+        file=("sre.jsonl", jsonl([line(i, max_tokens=48) for i in range(60)])), purpose="batch"
+    )
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "admin",
+            "--router-url",
+            cluster.router_url,
+            "--token",
+            cluster.admin_token,
+            "batches",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert any(row.startswith(batch.id) and " alice " in row for row in listed.splitlines())
+    cancelled = cluster.admin("POST", f"/admin/v1/batches/{batch.id}/cancel")
+    assert cancelled["status"] == "cancelling"
+    wait_for(lambda: alice.batches.retrieve(batch.id).status == "cancelled", 60, "cancelled")
+    entries = cluster.admin("GET", "/admin/v1/audit?limit=20")["entries"]
+    assert any(e["action"] == "cancel_batch" and e["target"] == batch.id for e in entries)
+
+
+def test_the_status_view_counts_batches_by_status(cluster):
+    snapshot = cluster.admin("GET", "/admin/v1/status")
+    assert snapshot["batches"].get("completed", 0) >= 1
+    assert sum(snapshot["batches"].values()) >= 3
+
+
+def test_a_batch_that_cannot_meet_its_window_is_flagged_then_expires(cluster):
+    api = client(cluster)
+    lines = [line(i, max_tokens=32) for i in range(600)]
+    uploaded = api.files.create(file=("late.jsonl", jsonl(lines)), purpose="batch")
+    batch = api.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="15s"
+    )
+
+    def flagged() -> dict | None:
+        listed = cluster.admin("GET", "/admin/v1/batches")["data"]
+        return next((b for b in listed if b["id"] == batch.id and b["at_risk"]), None)
+
+    wait_for(lambda: flagged() is not None, 30, "the batch flagged at risk")
+    assert flagged()["status"] == "in_progress"  # flagged before it expired
+    wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, 60, "batch ended")
+    done = api.batches.retrieve(batch.id)
+    assert done.status == "expired" and done.expired_at is not None
+    finished, not_run = lines_of(api, done.output_file_id), lines_of(api, done.error_file_id)
+    assert sorted(o["custom_id"] for o in finished + not_run) == sorted(
+        x["custom_id"] for x in lines
+    )
+    assert {o["error"]["code"] for o in not_run} == {"batch_expired"}
+    metrics = httpx.get(cluster.router_url + "/metrics", timeout=10).text
+    assert "pdserve_batches_at_risk_total 1.0" in metrics

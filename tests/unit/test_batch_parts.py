@@ -11,6 +11,7 @@ import pytest
 from contracts.batch import Batch, FileObject
 from router.batch.book import BatchBook, TooManyBatches
 from router.batch.file_store import FileTooLarge, LocalDirectoryStore, read_all
+from router.batch.runner import at_risk
 from router.batch.validation import check_input
 from router.errors import NotFound
 from router.state.memory import MemoryState
@@ -105,3 +106,17 @@ async def test_the_book_keeps_max_batches_pushing_out_the_oldest_ended():
     with pytest.raises(TooManyBatches):  # none ended: refused, and nothing of it kept
         await book.create(batch("batch_4"))
     assert await book.ids() == ["batch_2", "batch_3"] and await book.get("batch_4") is None
+
+
+@pytest.mark.parametrize(
+    ("now_s", "done", "left", "expected"),
+    [
+        (103, 10, 90, False),  # too early to judge
+        (110, 10, 90, True),  # 1 line/s, 90 left, 50 s to go
+        (110, 100, 90, False),  # 10 lines/s: done in 9 s
+        (110, 0, 90, True),  # no progress at all
+        (110, 10, 0, False),  # nothing left
+    ],
+)  # fmt: skip
+def test_a_batch_is_at_risk_when_its_pace_ends_past_its_window(now_s, done, left, expected):
+    assert at_risk(now_s=now_s, started_s=100, done=done, left=left, expires_at=160) is expected

@@ -41,6 +41,7 @@ def quiet_model(
 SNAPSHOT = StatusSnapshot(
     window_s=60,
     taken_at_unix_s=1_796_000_000,
+    batches={"in_progress": 2, "completed": 9},
     models=[
         ModelStatus(
             model="smollm2",
