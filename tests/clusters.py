@@ -8,8 +8,9 @@
   2 prefill + 2 decode + 1 colocated (each test that needs two of a pool uses -0 and -1).
 - ``embed_cluster``: a router and two embedding workers (all-MiniLM-L6-v2 on vLLM's
   pooling runner; two, so that a large request is cut across them), apart from
-  ``cluster`` so that its tests see no embedding model; one tenant (``METERED_KEY``)
-  has a tokens-per-minute limit.
+  ``cluster`` so that its tests see no embedding model. Client keys are on: one
+  tenant (``METERED_KEY``) has a tokens-per-minute limit, the other
+  (``EMBED_OPEN_KEY``) none.
 
 Each starts on first use and stops at the end of the session; every engine
 publishes KV events.
@@ -31,6 +32,7 @@ from modelstore import minilm, tiny_llama
 
 MODEL = tiny_llama.SERVED_NAME
 METERED_KEY, METERED_TPM = "key-metered", 60
+EMBED_OPEN_KEY = "key-open"
 COLOCATED_MODEL = f"{MODEL}-colocated"
 
 
@@ -76,7 +78,8 @@ def embed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         run_dir=tmp_path_factory.mktemp("embed_cluster"), ready_timeout_s=600,
         heartbeat_interval_s=1.0, drain_timeout_s=5.0,
         router_env={"PDSERVE_HEALTH_INTERVAL_S": "1", "PDSERVE_TENANTS": json.dumps(
-            {"metered": {"keys": [METERED_KEY], "tpm": METERED_TPM}})},
+            {"metered": {"keys": [METERED_KEY], "tpm": METERED_TPM},
+             "open": {"keys": [EMBED_OPEN_KEY]}})},
     )  # fmt: skip
     local = LocalCluster(plan)
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from loadgen.prometheus_text import scrape, total
 from modelstore import minilm
+from tests.clusters import EMBED_OPEN_KEY as OPEN_KEY
 from tests.clusters import METERED_KEY, METERED_TPM
 from tests.conditions import wait_for
 from tests.embedding_vectors import cosine, vectors
@@ -21,6 +22,7 @@ from tests.embedding_vectors import cosine, vectors
 pytestmark = pytest.mark.vllm
 
 MODEL = minilm.SERVED_NAME
+OPEN = {"Authorization": f"Bearer {OPEN_KEY}"}  # a tenant without limits (keys are on)
 TEXTS = ["The capital of France is Paris.", "A cat sat on the mat.", "Disaggregated serving"]
 LONG = "word " * 400  # past the model's 256-token context
 # Enough inputs to be cut in two (embedding_split_min_inputs 32) while both workers idle.
@@ -49,6 +51,11 @@ def urls(embed_cluster) -> tuple[str, str]:
     return embed_cluster.router_url, embed_cluster.worker("embed-0").engine_url
 
 
+def routed(url: str, path: str, body: dict, headers: dict = OPEN) -> httpx.Response:
+    """A request through the router (client keys are on: the open tenant's by default)."""
+    return httpx.post(url + path, json=body, headers=headers, timeout=60)
+
+
 def both_idle(cluster) -> bool:
     """The router sees both workers idle (their engines' last report), as a cut needs."""
     workers = cluster.worker_status().values()
@@ -62,7 +69,7 @@ def test_the_router_answers_as_the_engine_does(embed_cluster, urls, case):
     router_url, engine_url = urls
     wait_for(lambda: both_idle(embed_cluster), 30, "both embedding workers idle")
     body = {"model": MODEL, **CASES[case]}
-    through = httpx.post(router_url + "/v1/embeddings", json=body, timeout=60)
+    through = routed(router_url, "/v1/embeddings", body)
     direct = httpx.post(engine_url + "/v1/embeddings", json=body, timeout=60)
     assert through.status_code == direct.status_code, (through.text, direct.text)
     if direct.status_code != 200:
@@ -80,8 +87,7 @@ def test_vectors_match_sentence_transformers_own_encoding(urls):
     """Pooling (mean) and normalization right end to end, not only the engine's."""
     from sentence_transformers import SentenceTransformer
 
-    answer = httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": TEXTS},
-                        timeout=60).json()  # fmt: skip
+    answer = routed(urls[0], "/v1/embeddings", {"model": MODEL, "input": TEXTS}).json()
     reference = SentenceTransformer(str(minilm.ensure()), device="cpu").encode(TEXTS)
     for ours, theirs in zip(vectors(answer), reference, strict=True):
         assert cosine(ours, theirs.astype(np.float64)) >= 0.999
@@ -90,7 +96,7 @@ def test_vectors_match_sentence_transformers_own_encoding(urls):
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])
 def test_the_openai_sdk_works_unchanged(urls, encoding_format):
-    client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=urls[0] + "/v1", api_key=OPEN_KEY)
     answer = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format=encoding_format)
     assert [d.index for d in answer.data] == [0, 1, 2]
     first = answer.data[0].embedding
@@ -100,8 +106,8 @@ def test_the_openai_sdk_works_unchanged(urls, encoding_format):
 
 
 def test_a_chat_on_an_embedding_model_is_a_clear_400(urls):
-    answer = httpx.post(urls[0] + "/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=30)  # fmt: skip
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    answer = routed(urls[0], "/v1/chat/completions", chat)
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "wrong_model_kind"
 
@@ -116,8 +122,7 @@ def test_embedding_requests_and_their_tokens_are_counted(urls):
                 total(metrics, "pdserve_prompt_tokens_total", model=MODEL))  # fmt: skip
 
     requests_before, tokens_before = counted()
-    answer = httpx.post(router_url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS},
-                        timeout=60).json()  # fmt: skip
+    answer = routed(router_url, "/v1/embeddings", {"model": MODEL, "input": TEXTS}).json()
     requests_after, tokens_after = counted()
     assert requests_after - requests_before == 1
     assert tokens_after - tokens_before == answer["usage"]["prompt_tokens"]
@@ -136,8 +141,7 @@ def test_a_large_request_is_cut_across_idle_workers(embed_cluster, urls):
     wait_for(lambda: both_idle(embed_cluster), 30, "both embedding workers idle")
     before = sent()
     for _ in range(2):  # back to back: the second one too, before any heartbeat says idle
-        answer = httpx.post(router_url + "/v1/embeddings",
-                            json={"model": MODEL, "input": MANY}, timeout=60).json()  # fmt: skip
+        answer = routed(router_url, "/v1/embeddings", {"model": MODEL, "input": MANY}).json()
         assert [d["index"] for d in answer["data"]] == list(range(len(MANY)))
     assert [a - b for a, b in zip(sent(), before, strict=True)] == [2, 2, 2]
 
@@ -145,7 +149,12 @@ def test_a_large_request_is_cut_across_idle_workers(embed_cluster, urls):
 def test_status_and_metrics_show_the_embedding_model(embed_cluster, urls):
     """``pdserve status``'s snapshot: the pool, latency and tokens/s; Prometheus: latency
     by mode ``embed`` and $/1M input tokens of the embed pool (the default price)."""
-    httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": TEXTS}, timeout=60)
+    httpx.post(
+        headers=OPEN,
+        url=urls[0] + "/v1/embeddings",
+        json={"model": MODEL, "input": TEXTS},
+        timeout=60,
+    )
     models = {m["model"]: m for m in embed_cluster.admin("GET", "/admin/v1/status")["models"]}
     mine = models[MODEL]
     assert mine["workers_by_role"] == {"embed": 2}
@@ -172,8 +181,8 @@ def test_a_tenants_tpm_counts_embedding_tokens_as_the_engine_does(urls):
     count = len(AutoTokenizer.from_pretrained(str(minilm.ensure()))(text)["input_ids"])
     assert 2 * count <= METERED_TPM < 3 * count
     headers = {"Authorization": f"Bearer {METERED_KEY}"}
-    answers = [httpx.post(urls[0] + "/v1/embeddings", json={"model": MODEL, "input": text},
-                          headers=headers, timeout=60) for _ in range(3)]  # fmt: skip
+    body = {"model": MODEL, "input": text}
+    answers = [routed(urls[0], "/v1/embeddings", body, headers) for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 429], answers[-1].text
     assert answers[0].json()["usage"]["prompt_tokens"] == count
     assert int(answers[2].headers["retry-after"]) >= 1
