@@ -16,10 +16,9 @@ from localrun.cluster import ClusterPlan, LocalCluster, VersionWorkers
 from localrun.ports import free_ports
 from modelstore import tiny_llama
 from modelstore.checksum import folder_checksum
-from router.rollout.rollout import share_of
+from tests.route_walk import ROUTER_ENV, register, walk_route
 
 MODEL = "tiny-versions"
-OPERATOR = "rollout-operator"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "import os\nimport"]
 
 
@@ -31,13 +30,6 @@ def greedy(client: openai.OpenAI, prompt: str, user: str | None = None) -> str:
     return answer.choices[0].text
 
 
-def admin(cluster: LocalCluster, method: str, path: str, body: dict | None = None) -> dict:
-    answer = httpx.request(method, cluster.router_url + path, json=body, timeout=30,
-                           headers={"Authorization": f"Bearer {OPERATOR}"})  # fmt: skip
-    assert answer.status_code in (200, 201), answer.text
-    return answer.json()
-
-
 @pytest.mark.own_engines
 def test_greedy_outputs_follow_the_route_between_two_real_versions(tmp_path):
     v1_path, v2_path = tiny_llama.ensure(), tiny_llama.ensure(seed=1)
@@ -46,16 +38,12 @@ def test_greedy_outputs_follow_the_route_between_two_real_versions(tmp_path):
         model_path=v1_path, served_name=MODEL, prefill=0, decode=0, colocated=1,
         model_version="v1", versions=(VersionWorkers(version="v2", model_path=v2_path),),
         port=port, run_dir=tmp_path / "run", heartbeat_interval_s=1.0, drain_timeout_s=5,
-        router_env={"PDSERVE_ADMIN_TOKENS": f"sre:operator:{OPERATOR}"},
+        router_env=ROUTER_ENV,
     )  # fmt: skip
     cluster = LocalCluster(plan)
     try:
         cluster.start()
-        for version, path in (("v1", v1_path), ("v2", v2_path)):
-            admin(cluster, "POST", "/admin/v1/models", {
-                "model_id": MODEL, "version": version, "artifact": str(path),
-                "max_context": 4096, "tokenizer": str(path), "checksum": folder_checksum(path),
-            })  # fmt: skip
+        register(cluster, MODEL, {"v1": v1_path, "v2": v2_path}, max_context=4096)
         reference = {
             version: [greedy(openai.OpenAI(base_url=w.engine_url + "/v1", api_key="x"), p)
                       for p in PROMPTS]
@@ -78,22 +66,7 @@ def test_greedy_outputs_follow_the_route_between_two_real_versions(tmp_path):
             assert len(sizes) == 3, worker["prefill_probe"]
         client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="unused")
 
-        admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {"prod": "v1"})
-        assert [greedy(client, p, "anyone") for p in PROMPTS] == reference["v1"]
-
-        admin(cluster, "PUT", f"/admin/v1/routes/{MODEL}", {
-            "prod": "v1", "canary": {"version": "v2", "weight": 0.5, "stickiness": "user"},
-            "gate": {"min_requests": 1, "max_ttft_p99_ratio": 1000, "max_itl_p99_ratio": 1000},
-        })  # fmt: skip
-        users = [f"user-{n}" for n in range(8)]
-        sides = {user: "v2" if share_of(MODEL, user) < 0.5 else "v1" for user in users}
-        assert set(sides.values()) == {"v1", "v2"}
-        for user in users:
-            assert [greedy(client, p, user) for p in PROMPTS] == reference[sides[user]], user
-
-        promoted = admin(cluster, "POST", f"/admin/v1/routes/{MODEL}/promote")
-        assert promoted["prod"] == "v2"
-        for user in users[:3]:
-            assert [greedy(client, p, user) for p in PROMPTS] == reference["v2"]
+        walk_route(cluster, MODEL, lambda user: [greedy(client, p, user) for p in PROMPTS],
+                   reference, matches=lambda ours, theirs: ours == theirs)  # fmt: skip
     finally:
         cluster.stop()
