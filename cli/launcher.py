@@ -70,8 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path(".pdserve") / "runs" / time.strftime("%Y%m%d-%H%M%S"))
     _say(f"run folder: {run_dir} (one log per process)")
-    model_path, served_name = resolve(args.model)
     embed_path, embed_name = resolve(args.embed_model) if args.embed else (None, None)
+    generates = args.prefill + args.decode + args.colocated > 0 or bool(args.version)
+    # An embedding-only cluster has no chat model to prepare (a minute, for nothing).
+    model_path, served_name = (
+        resolve(args.model) if generates or embed_path is None else (embed_path, embed_name)
+    )
     try:
         dtype = _dtype(args)
         plan = ClusterPlan(
@@ -105,7 +109,6 @@ def main(args: argparse.Namespace) -> int:
     try:
         cluster.start(stopping)
         if not stopping():
-            generates = plan.prefill + plan.decode + plan.colocated > 0
             _say_ready(cluster.router_url, served_name if generates else None, embed_name)
         while not stopping() and cluster.router_alive():
             time.sleep(0.2)
