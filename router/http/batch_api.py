@@ -146,7 +146,18 @@ async def file_content(request: Request) -> StreamingResponse:
 
 
 async def delete_file(request: Request) -> dict[str, Any]:
+    """A file a batch still reads (its input, while it has not ended) is kept: 409."""
     found = await _own_file(request, request.path_params["file_id"])
+    book = _tier(request).book
+    for batch_id in await book.ids():
+        record = await book.get(batch_id)
+        if (
+            record is not None
+            and record.batch.input_file_id == found.id
+            and (record.batch.status not in ENDED)
+        ):
+            raise Conflict(f"batch {batch_id} is {record.batch.status} and reads this file; "
+                           "cancel it first", param="file_id", code="file_in_use")  # fmt: skip
     deleted = await _tier(request).files.delete(found.id)
     return {"id": found.id, "object": "file", "deleted": deleted}
 

@@ -186,6 +186,8 @@ def test_a_cancel_mid_batch_keeps_finished_lines_and_runs_no_more(cluster):
     wait_for(
         lambda: api.batches.retrieve(batch.id).request_counts.completed >= 4, 60, "a few lines done"
     )
+    with pytest.raises(openai.ConflictError):  # its input, while the batch runs
+        api.files.delete(uploaded.id)
     assert api.batches.cancel(batch.id).status == "cancelling"
     wait_for(lambda: api.batches.retrieve(batch.id).status in ENDED, 60, "batch ended")
     done = api.batches.retrieve(batch.id)
@@ -198,6 +200,9 @@ def test_a_cancel_mid_batch_keeps_finished_lines_and_runs_no_more(cluster):
     assert done.request_counts.completed == len(finished)
     with pytest.raises(openai.ConflictError):
         api.batches.cancel(batch.id)
+    assert api.files.delete(uploaded.id).deleted  # ended: its input may go now
+    with pytest.raises(openai.NotFoundError):
+        api.files.retrieve(uploaded.id)
 
 
 def test_an_sre_lists_every_tenants_batches_and_cancels_one(cluster):
