@@ -39,6 +39,7 @@ from pathlib import Path
 
 from benchmarks.bench_clients import pdserve_bench, vllm_bench_serve
 from contracts.machine import describe, machine_record
+from loadgen.metrics import percentiles
 from loadgen.prometheus_text import scrape, total
 from localrun.cluster import ClusterPlan, LocalCluster
 from localrun.ports import free_ports
@@ -189,10 +190,7 @@ def summarise(part1: dict, split_rows: list[dict]) -> dict:
             t: round(statistics.fmean(r["input_tokens_per_s"] for r in rows), 1)
             for t, rows in by.items()
         },
-        "latency_p50_p99_ms_pooled": {
-            t: [round(_quantile(v, 0.5), 1), round(_quantile(v, 0.99), 1)]
-            for t, v in pooled.items()
-        },
+        "latency_p50_p99_ms_pooled": {t: _p50_p99_ms(v) for t, v in pooled.items()},
         "failed": {t: sum(r["failed"] for r in rows) for t, rows in by.items()},
     }
     cut = {}
@@ -211,9 +209,10 @@ def summarise(part1: dict, split_rows: list[dict]) -> dict:
     return summary
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+def _p50_p99_ms(latencies_ms: list[float]) -> list[float | None]:
+    """``pdserve bench``'s own percentiles (loadgen.metrics) of milliseconds."""
+    found = percentiles([ms / 1000 for ms in latencies_ms])
+    return [None if found[q] is None else round(found[q], 1) for q in ("p50", "p99")]
 
 
 def plot(result: dict, path: Path) -> None:

@@ -30,9 +30,18 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 FilePurpose = Literal["batch", "batch_output"]
 
 
-class FileObject(BaseModel):
+class _Owned(BaseModel):
+    """A tenant's file or batch: ``tenant`` says whose, and is never answered."""
+
     model_config = ConfigDict(extra="forbid")
 
+    tenant: str = ""
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"tenant"})
+
+
+class FileObject(_Owned):
     id: str
     object: Literal["file"] = "file"
     bytes: int
@@ -42,10 +51,6 @@ class FileObject(BaseModel):
     status: Literal["uploaded", "processed", "error"] = "processed"
     expires_at: int | None = None
     status_details: str | None = None
-    tenant: str = ""
-
-    def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"tenant"})
 
 
 class BatchError(BaseModel):
@@ -66,9 +71,7 @@ class RequestCounts(BaseModel):
     failed: int = 0
 
 
-class Batch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Batch(_Owned):
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
@@ -89,10 +92,6 @@ class Batch(BaseModel):
     cancelled_at: int | None = None
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
-    tenant: str = ""
-
-    def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"tenant"})
 
 
 class InputLine(BaseModel):

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel
 
@@ -92,13 +92,24 @@ class BatchBook:
         found = await self._state.document(_INDEX)
         return list(found[1]["ids"]) if found else []
 
+    async def records(self, *, newest_first: bool = False) -> AsyncIterator[BatchRecord]:
+        """Every kept batch's record, in the index's order (oldest first) or reversed;
+        one that vanished meanwhile (pushed out) is skipped."""
+        ids = await self.ids()
+        for batch_id in reversed(ids) if newest_first else ids:
+            record = await self.get(batch_id)
+            if record is not None:
+                yield record
+
     async def count_by_status(self, *, newest: int) -> dict[str, int]:
         """How many of the newest ``newest`` batches are in each status."""
         counts: dict[str, int] = {}
-        for batch_id in (await self.ids())[-newest:]:
-            record = await self.get(batch_id)
-            if record is not None:
-                counts[record.batch.status] = counts.get(record.batch.status, 0) + 1
+        seen = 0
+        async for record in self.records(newest_first=True):
+            counts[record.batch.status] = counts.get(record.batch.status, 0) + 1
+            seen += 1
+            if seen >= newest:
+                break
         return counts
 
     async def change(

@@ -148,15 +148,10 @@ async def file_content(request: Request) -> StreamingResponse:
 async def delete_file(request: Request) -> dict[str, Any]:
     """A file a batch still reads (its input, while it has not ended) is kept: 409."""
     found = await _own_file(request, request.path_params["file_id"])
-    book = _tier(request).book
-    for batch_id in await book.ids():
-        record = await book.get(batch_id)
-        if (
-            record is not None
-            and record.batch.input_file_id == found.id
-            and (record.batch.status not in ENDED)
-        ):
-            raise Conflict(f"batch {batch_id} is {record.batch.status} and reads this file; "
+    async for record in _tier(request).book.records():
+        batch = record.batch
+        if batch.input_file_id == found.id and batch.status not in ENDED:
+            raise Conflict(f"batch {batch.id} is {batch.status} and reads this file; "
                            "cancel it first", param="file_id", code="file_in_use")  # fmt: skip
     deleted = await _tier(request).files.delete(found.id)
     return {"id": found.id, "object": "file", "deleted": deleted}
@@ -228,12 +223,9 @@ async def get_batch(request: Request) -> dict[str, Any]:
 
 async def list_batches(request: Request) -> dict[str, Any]:
     limit = _limit(request, 20, 100)
-    book, tenant = _tier(request).book, _tenant(request)
-    mine = []
-    for batch_id in reversed(await book.ids()):  # newest first
-        record = await book.get(batch_id)
-        if record is not None and record.batch.tenant == tenant:
-            mine.append(record.batch)
+    tenant = _tenant(request)
+    mine = [record.batch async for record in _tier(request).book.records(newest_first=True)
+            if record.batch.tenant == tenant]  # fmt: skip
     return _page(mine, request.query_params.get("after"), limit)
 
 
@@ -267,13 +259,10 @@ async def _cancel(tier: BatchTier, batch_id: str) -> Batch:
 async def admin_list_batches(request: Request) -> dict[str, Any]:
     """Every batch, newest first, with its tenant (``pdserve admin batches``)."""
     limit = _limit(request, 100, 1000)
-    book = _tier(request).book
     found = []
-    for batch_id in reversed(await book.ids()):
-        record = await book.get(batch_id)
-        if record is not None:
-            found.append({**record.batch.public(), "tenant": record.batch.tenant,
-                          "runner": record.owner, "at_risk": record.at_risk})  # fmt: skip
+    async for record in _tier(request).book.records(newest_first=True):
+        found.append({**record.batch.public(), "tenant": record.batch.tenant,
+                      "runner": record.owner, "at_risk": record.at_risk})  # fmt: skip
         if len(found) >= limit:
             break
     return {"object": "list", "data": found}
