@@ -136,7 +136,19 @@ def _batches(call: Caller, args: argparse.Namespace) -> None:
         print(
             f"{b['id']}  {created}  {b['tenant'] or '-':<12} {b['status']:<11} "
             f"{counts['completed']}+{counts['failed']}/{counts['total']}  {b['endpoint']}"
+            + _progress(b)
         )
+
+
+def _progress(batch: dict[str, Any]) -> str:
+    """A running batch's pace, backlog and time left, and whether it is at risk."""
+    p = batch.get("progress")
+    if not p or batch["status"] != "in_progress":
+        return ""
+    left = "" if p["seconds_left"] is None else f", {p['seconds_left'] / 60:.0f} min left"
+    risk = "  AT RISK" if batch.get("at_risk") else ""
+    return (f"  {p['lines_per_s']:.1f} lines/s, backlog {p['backlog_tokens']} tokens, "
+            f"{p['in_flight']}/{p['pace_limit']} in flight{left}{risk}")  # fmt: skip
 
 
 def _route_body(call: Caller, route: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -594,6 +594,13 @@ class AdmissionSettings(_Group):
         "queue deadline), leaving the rest for the predictor's error.",
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
+    batch_yield_margin: float = Field(
+        0.25, ge=0, le=100,
+        description="A batch line is admitted only while interactive traffic leaves room: "
+        "nothing waits in the router's prefill queue, and its predicted TTFT is within this "
+        "fraction past its time alone (no prefill ahead of it, decode not loaded); else 429 "
+        "`batch_yields`, and its batch sends fewer lines at once.",
+    )  # fmt: skip
     refuse_prompts_past_slo: bool = Field(
         True,
         description="Refuse (413 `prompt_exceeds_ttft_slo`, not retryable) a prompt whose own "
@@ -774,9 +781,10 @@ class BatchSettings(_Group):
         50_000, ge=1, le=1_000_000, description="Requests one batch may hold (OpenAI's limit)."
     )
     batch_max_in_flight: int = Field(
-        4, ge=1, le=10_000,
-        description="A batch's lines in flight at once on one router; they queue behind "
-        "interactive traffic (priority `batch`), so this bounds how much room they hold.",
+        32, ge=1, le=10_000,
+        description="Most of a batch's lines in flight at once on one router. Within it, "
+        "the runner sends more while admission takes its lines and half as many when it "
+        "refuses one to make room for interactive traffic (`batch_yield_margin`).",
     )  # fmt: skip
     batch_max_active: int = Field(
         4, ge=0, le=1000,

@@ -30,6 +30,8 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    (``refuse_prompts_past_slo``, on by default: no wait would help it, so no 429); with
    the switch off, or while the speed is only the prior, it is served, late, when the
    pool is idle, and else refused with 429 ``prompt_needs_idle_pool``;
+   A batch line (``yields``) must do better: it is admitted only onto room interactive
+   traffic leaves (``batch_yield_margin``), else 429 ``batch_yields``;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
@@ -243,6 +245,7 @@ class Admission:
         forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_past_slo_alone(request, forecast)
         self._refuse_if_late(request, pools, forecast)
+        self._yield_unless_idle(request, forecast)
         line_s = self._line_s(request, forecast)
         grant = await self._queue(request, pools.first_hop, forecast, line_s)
         try:
@@ -319,6 +322,26 @@ class Admission:
                 f"no decode worker has KV room for this prompt and {output_tokens} output tokens; "
                 "retry shortly",
                 wait_s=1.0,
+            )  # fmt: skip
+
+    def _yield_unless_idle(self, request: PreparedRequest, forecast: _Forecast) -> None:
+        """A yielding request (a batch line) runs only on room interactive traffic leaves:
+        none of it waits in the router's queue, and this one's forecast is within
+        ``batch_yield_margin`` of its time alone, so no prefill is ahead of it and the
+        decode side is not loaded (its handoff grows with the requests in flight there).
+        Its prefill then delays a later interactive prompt by at most its own, short
+        time. Otherwise 429 ``batch_yields``: the batch's runner sends fewer lines and
+        tries this one again shortly."""
+        if not request.yields:
+            return
+        queue = self._queues.get(request.model)
+        waiting = queue is not None and queue.waiting > 0
+        margin_s = forecast.alone_s * self._settings.batch_yield_margin
+        if waiting or forecast.ttft_s > forecast.alone_s + margin_s:
+            raise self._refused(
+                request, "batch_yields",
+                "interactive traffic needs the room now; this batch line runs later",
+                wait_s=forecast.ttft_s - forecast.alone_s,
             )  # fmt: skip
 
     def _slo_s(self, request: PreparedRequest) -> float:

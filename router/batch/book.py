@@ -25,12 +25,24 @@ _INDEX = "batches"
 _TRIES = 20  # compare-and-set retries before a change gives up (a hot document)
 
 
+class BatchProgress(BaseModel):
+    """How a running batch is doing, as its runner last published it (every second)."""
+
+    lines_per_s: float = 0.0  # lines answered per second, over the last minute
+    # Its lines not yet answered: prompt (estimated, 4 characters a token) and max_tokens.
+    backlog_tokens: int = 0
+    seconds_left: float | None = None  # until its completion window ends
+    in_flight: int = 0
+    pace_limit: int = 0  # lines its pacing lets be in flight now (``pacing.py``)
+
+
 class BatchRecord(BaseModel):
     batch: Batch
     owner: str | None = None  # the replica whose runner holds the lease
     lease_until_unix_s: float = 0.0
     # At its pace so far it would not finish before it expires (``runner.at_risk``).
     at_risk: bool = False
+    progress: BatchProgress | None = None
 
 
 class TooManyBatches(RuntimeError):

@@ -6,14 +6,19 @@ A replica's runner scans the batches every ``batch_poll_s`` and takes those whos
 lease is free (``book.py``), at most ``batch_max_active`` at once. For a batch it holds:
 - ``validating``: the input file is checked whole (``validation.py``); any fault fails
   the batch with every faulty line named, and nothing runs;
-- ``in_progress``: the lines not yet kept are sent, ``batch_max_in_flight`` at a time,
-  as the batch's tenant with priority ``batch`` (``LineAnswer``: the same validation,
-  screens, rate limits, admission and routing a client's request gets, so interactive
-  traffic goes first and the tenant's quotas count batch tokens). A 429 or 503 (no
-  room now) is not an outcome: the line waits its Retry-After and goes again. Another
-  5xx is tried again up to ``failed_attempts`` in all. Any other answer is kept, once
+- ``in_progress``: the lines not yet kept are sent as the batch's tenant with priority
+  ``batch`` (``LineAnswer``: the same validation, screens, rate limits, admission and
+  routing a client's request gets, so the tenant's quotas count batch tokens), and
+  yielding: admission takes a line only onto room interactive traffic leaves. How many
+  go at once (``pacing.py``) grows while lines are taken and halves when one is
+  refused, up to ``batch_max_in_flight``. A 429 or 503 (no room now) is not an
+  outcome: the line waits and goes again. Another 5xx is tried again up to
+  ``failed_attempts`` in all. Any other answer is kept, once
   per ``custom_id`` (``ControlState.record_batch_line``), before the line counts as
   done;
+- a batch at risk of missing its window (``at_risk``) is flagged, and its lines stop
+  yielding (they still queue behind interactive traffic) with at least half
+  ``batch_max_in_flight`` at once;
 - a cancel (``cancelling``) or the end of the completion window stops sending; lines
   in flight finish and are kept;
 - ``finalizing``: the kept lines go to the output file (2xx) and the error file (the
@@ -35,8 +40,10 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from contracts.batch import (
     ENDED,
@@ -50,16 +57,30 @@ from contracts.batch import (
     OutputLine,
     RequestCounts,
 )
-from router.batch.book import BatchBook, BatchRecord
+from router.batch.book import BatchBook, BatchProgress, BatchRecord
 from router.batch.file_store import FileStore, read_all
+from router.batch.pacing import LinePacer, Send
 from router.batch.validation import BodyCheck, check_input
 from router.state.base import ControlState
 
 log = logging.getLogger("pdserve.batch")
 
-# (endpoint path, body, tenant name) -> (status, answer body, Retry-After seconds or None)
-LineAnswer = Callable[[str, dict, str], Awaitable[tuple[int, bytes, float | None]]]
+
+@dataclass(frozen=True, slots=True)
+class LineReply:
+    """The router's answer to one line: its status and body, Retry-After on a 429/503,
+    and whether admission refused it to make room for interactive traffic."""
+
+    status: int
+    body: bytes
+    retry_after_s: float | None = None
+    yielded: bool = False
+
+
+# (endpoint path, body, tenant name, yields to interactive traffic) -> the reply
+LineAnswer = Callable[[str, dict, str, bool], Awaitable[LineReply]]
 BodyChecks = Callable[[str, str], BodyCheck]  # (endpoint, tenant) -> its body check
+_RATE_WINDOW_S = 60  # lines per second are over the last this many seconds
 _NO_ROOM = frozenset({429, 503})  # no room now: wait and send again, as long as it takes
 
 
@@ -73,6 +94,7 @@ class RunnerLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     retry_cap_s: float = 30.0
     failed_attempts: int = 3  # tries of a line whose answer is a 5xx (a worker died)
+    yield_wait_s: float = 0.1  # the first wait of a line refused to make room; it doubles
 
 
 class BatchRunner:
@@ -85,9 +107,7 @@ class BatchRunner:
         answer: LineAnswer,
         body_checks: BodyChecks,
         limits: RunnerLimits,
-        count_line: Callable[[str], None] = lambda outcome: None,
-        count_ended: Callable[[str], None] = lambda status: None,
-        count_at_risk: Callable[[], None] = lambda: None,
+        meters: BatchMeters | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._book = book
@@ -96,8 +116,7 @@ class BatchRunner:
         self._answer = answer
         self._body_checks = body_checks
         self._limits = limits
-        self._count_line, self._count_ended = count_line, count_ended
-        self._count_at_risk = count_at_risk
+        self._meters = meters or _NoMeters()
         self._now = wall_clock
         self.owner = "runner-" + secrets.token_hex(6)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -118,16 +137,21 @@ class BatchRunner:
                 task.cancel()
 
     async def scan(self) -> None:
-        for batch_id in await self._book.ids():
-            if batch_id in self._running or len(self._running) >= self._limits.max_active:
-                continue
-            record = await self._book.get(batch_id)
-            if record is None or record.batch.status in ENDED:
+        """Take the batches whose lease is free, and count every batch by status."""
+        statuses: dict[str, int] = {}
+        async for record in self._book.records():
+            batch_id, status = record.batch.id, record.batch.status
+            statuses[status] = statuses.get(status, 0) + 1
+            if (
+                status in ENDED or batch_id in self._running
+                or len(self._running) >= self._limits.max_active
+            ):  # fmt: skip
                 continue
             if await self._book.take_lease(batch_id, self.owner, self._limits.lease_s):
                 task = asyncio.create_task(self._run(batch_id), name=f"batch {batch_id}")
                 self._running[batch_id] = task
                 task.add_done_callback(lambda _, b=batch_id: self._running.pop(b, None))
+        self._meters.batch_statuses(statuses)
 
     async def _run(self, batch_id: str) -> None:
         stop = asyncio.Event()
@@ -182,7 +206,7 @@ class BatchRunner:
                 _with, status="failed", failed_at=now, errors=BatchErrors(data=[gone])
             )
             await self._book.change(batch.id, failed)
-            self._count_ended("failed")
+            self._meters.batch_ended("failed")
             return None
         checked = check_input(
             data,
@@ -202,7 +226,7 @@ class BatchRunner:
                     r, status="failed", failed_at=now, errors=BatchErrors(data=checked.errors)
                 ),
             )
-            self._count_ended("failed")
+            self._meters.batch_ended("failed")
             return None
         counts = RequestCounts(total=len(checked.lines))
         await self._book.change(
@@ -219,36 +243,37 @@ class BatchRunner:
         batch = record.batch
         kept = await self._state.batch_lines(batch.id)
         counts = _counts(len(lines), kept.values())
-        slots = asyncio.Semaphore(self._limits.max_in_flight)
+        backlog = sum(_tokens_at_most(line.body) for line in lines if line.custom_id not in kept)
+        pace = _Pace(LinePacer(cap=self._limits.max_in_flight), backlog_tokens=backlog)
         tasks: set[asyncio.Task[None]] = set()
         finished: list[asyncio.Task[None]] = []
 
-        async def one(line: InputLine) -> None:
+        async def one(line: InputLine, send: Send) -> None:
+            answered = False
             try:
-                outcome = await self._answered(batch, line, stop)
-                if outcome is not None and await self._state.record_batch_line(
+                outcome, send = await self._answered(batch, line, stop, pace, send)
+                answered = outcome is not None
+                if answered and await self._state.record_batch_line(
                     batch.id, line.custom_id, outcome.model_dump_json()
                 ):
                     counts.completed += outcome.succeeded
                     counts.failed += not outcome.succeeded
-                    self._count_line("succeeded" if outcome.succeeded else "failed")
+                    self._meters.batch_line("succeeded" if outcome.succeeded else "failed")
+                if answered:
+                    pace.backlog_tokens -= _tokens_at_most(line.body)
             finally:
-                slots.release()
+                await pace.pacer.give_back(grew=answered, send=send)
 
-        def widen() -> None:  # a batch at risk gets twice the lines in flight
-            for _ in range(self._limits.max_in_flight):
-                slots.release()
-
-        publisher = asyncio.create_task(self._publish_counts(batch, counts, widen))
+        publisher = asyncio.create_task(self._publish_counts(batch, counts, pace))
         try:
             for line in lines:
                 if line.custom_id in kept:
                     continue
-                await slots.acquire()
+                send = await pace.pacer.take()
                 if stop.is_set():
-                    slots.release()
+                    await pace.pacer.give_back(grew=False, send=send)
                     break
-                task = asyncio.create_task(one(line))
+                task = asyncio.create_task(one(line, send))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 task.add_done_callback(finished.append)
@@ -256,6 +281,7 @@ class BatchRunner:
                 await asyncio.wait(tasks)
         finally:
             publisher.cancel()
+            self._meters.batch_progress(batch.id, None)
             for task in tasks:
                 task.cancel()
         failed = [task.exception() for task in finished if not task.cancelled()]
@@ -266,44 +292,61 @@ class BatchRunner:
         await self._book.change(batch.id, lambda r: _with(r, request_counts=counts))
 
     async def _answered(
-        self, batch: Batch, line: InputLine, stop: asyncio.Event
-    ) -> OutputLine | None:
-        """The line's outcome; None when the batch stopped while it waited for room. A
-        5xx (a worker failed past the router's own retries) is tried again, up to
+        self, batch: Batch, line: InputLine, stop: asyncio.Event, pace: _Pace, send: Send
+    ) -> tuple[OutputLine | None, Send]:
+        """The line's outcome (None when the batch stopped while it waited for room), and
+        its hold on a slot. Refused for want of room, it cuts the batch's lines in flight
+        and goes again: after a short wait that doubles when admission made room for
+        interactive traffic, after Retry-After otherwise (a tenant's rate limit). A 5xx (a
+        worker failed past the router's own retries) is tried again, up to
         ``failed_attempts`` in all, before it is the line's outcome."""
-        wait_s, failures = 0.5, 0
+        limits = self._limits
+        backoff_s, wait_s, failures = limits.yield_wait_s, 0.5, 0
         while not stop.is_set():
-            status, body, retry_after_s = await self._answer(line.url, line.body, batch.tenant)
+            reply = await self._answer(line.url, line.body, batch.tenant, not pace.urgent)
+            status = reply.status
             failures += status >= 500 and status not in _NO_ROOM
-            if status not in _NO_ROOM and not (
-                status >= 500 and failures < self._limits.failed_attempts
-            ):
-                return _output(line, status, body)
-            wait_s = min(self._limits.retry_cap_s, retry_after_s or wait_s * 2)
+            if status not in _NO_ROOM and not (status >= 500 and failures < limits.failed_attempts):
+                return _output(line, status, reply.body), send
+            if status in _NO_ROOM:
+                send = await pace.pacer.refused(send)
+            if reply.yielded:
+                wait_s, backoff_s = backoff_s, min(limits.retry_cap_s, backoff_s * 2)
+            else:
+                wait_s = min(limits.retry_cap_s, reply.retry_after_s or wait_s * 2)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait_s)
-        return None
+        return None, send
 
-    async def _publish_counts(
-        self, batch: Batch, counts: RequestCounts, widen: Callable[[], None]
-    ) -> None:
-        """Every second: the counts, and whether the batch is at risk of expiring. The
-        first time it is, it is counted (``pdserve_batches_at_risk_total``, an alert)
-        and given twice the lines in flight."""
+    async def _publish_counts(self, batch: Batch, counts: RequestCounts, pace: _Pace) -> None:
+        """Every second: the counts and progress (the record, the metrics), and whether
+        the batch is at risk of expiring. The first time it is, it is counted
+        (``pdserve_batches_at_risk_total``, an alert), and its share rises: its lines stop
+        yielding to interactive traffic (they still queue behind it, as the lowest class),
+        and at least half ``max_in_flight`` go at once."""
         started_s, done_before = self._now(), counts.completed + counts.failed
-        flagged = False
+        recent: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW_S)
         while True:
             await asyncio.sleep(1.0)
-            done = counts.completed + counts.failed
-            risky = at_risk(now_s=self._now(), started_s=started_s, done=done - done_before,
+            now_s, done = self._now(), counts.completed + counts.failed
+            recent.append((now_s, done))
+            risky = at_risk(now_s=now_s, started_s=started_s, done=done - done_before,
                             left=counts.total - done, expires_at=batch.expires_at)  # fmt: skip
-            update = functools.partial(_published, counts=counts.model_copy(), risky=risky)
+            progress = BatchProgress(
+                lines_per_s=_rate(recent), backlog_tokens=max(0, pace.backlog_tokens),
+                seconds_left=None if batch.expires_at is None else batch.expires_at - now_s,
+                in_flight=pace.pacer.in_flight, pace_limit=pace.pacer.limit,
+            )  # fmt: skip
+            self._meters.batch_progress(batch.id, progress)
+            update = functools.partial(
+                _published, counts=counts.model_copy(), risky=risky, progress=progress
+            )
             await self._book.change(batch.id, update)
-            if risky and not flagged:
-                flagged = True
+            if risky and not pace.urgent:
+                pace.urgent = True
                 log.warning("batch %s is at risk of expiring: %s", batch.id, counts)
-                self._count_at_risk()
-                widen()
+                self._meters.batch_at_risk()
+                await pace.pacer.raise_floor(self._limits.max_in_flight // 2)
 
     async def _finish(self, batch_id: str, lines: list[InputLine]) -> None:
         record = await self._book.get(batch_id)
@@ -352,7 +395,7 @@ class BatchRunner:
             ),
         )
         await self._state.drop_batch_lines(batch_id)
-        self._count_ended(ending)
+        self._meters.batch_ended(ending)
         log.info("batch %s %s: %d ok, %d failed", batch_id, ending, len(good), len(bad))
 
     async def _write(self, batch: Batch, kind: str, outputs: list[OutputLine]) -> str | None:
@@ -371,6 +414,43 @@ class BatchRunner:
         return meta.id
 
 
+@dataclass(slots=True)
+class _Pace:
+    """A running batch's pacing: its lines in flight, whether it is at risk of expiring
+    (then its lines no longer yield to interactive traffic), and its backlog."""
+
+    pacer: LinePacer
+    backlog_tokens: int
+    urgent: bool = False
+
+
+class BatchMeters(Protocol):
+    """Where a runner reports (``RouterMetrics``)."""
+
+    def batch_line(self, outcome: str) -> None: ...
+    def batch_ended(self, status: str) -> None: ...
+    def batch_at_risk(self) -> None: ...
+    def batch_statuses(self, counts: Mapping[str, int]) -> None: ...
+    def batch_progress(self, batch_id: str, progress: BatchProgress | None) -> None: ...
+
+
+class _NoMeters:
+    def batch_line(self, outcome: str) -> None:
+        pass
+
+    def batch_ended(self, status: str) -> None:
+        pass
+
+    def batch_at_risk(self) -> None:
+        pass
+
+    def batch_statuses(self, counts: Mapping[str, int]) -> None:
+        pass
+
+    def batch_progress(self, batch_id: str, progress: BatchProgress | None) -> None:
+        pass
+
+
 def at_risk(
     *, now_s: float, started_s: float, done: int, left: int, expires_at: int | None,
     min_elapsed_s: float = 5.0,
@@ -386,8 +466,26 @@ def at_risk(
     return now_s + left * elapsed_s / done > expires_at
 
 
-def _published(record: BatchRecord, *, counts: RequestCounts, risky: bool) -> BatchRecord:
-    return _with(record, request_counts=counts).model_copy(update={"at_risk": risky})
+def _published(
+    record: BatchRecord, *, counts: RequestCounts, risky: bool, progress: BatchProgress
+) -> BatchRecord:
+    update = {"at_risk": risky, "progress": progress}
+    return _with(record, request_counts=counts).model_copy(update=update)
+
+
+def _rate(recent: deque[tuple[float, int]]) -> float:
+    """Lines per second between the oldest and newest (time, lines done) seen."""
+    (first_s, first), (last_s, last) = recent[0], recent[-1]
+    return (last - first) / (last_s - first_s) if last_s > first_s else 0.0
+
+
+def _tokens_at_most(body: dict) -> int:
+    """A line's tokens, estimated high without its tokenizer: its prompt's characters (4
+    a token, less for most text) and its output cap."""
+    prompt = body.get("prompt") or body.get("messages") or body.get("input") or ""
+    chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
+    output = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    return chars // 4 + (output if isinstance(output, int) else 0)
 
 
 def _with(record: BatchRecord, **changes: object) -> BatchRecord:

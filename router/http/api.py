@@ -8,6 +8,7 @@ so each can be called and tested on its own and the table can be read by tools. 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.workers import HeartbeatReply, WorkerHeartbeat, WorkerRegistration
+from router.batch.runner import LineReply
 from router.errors import APIError, Forbidden, NotFound, Overloaded, parsed
 from router.fleet.registry import RegistryFull
 from router.fleet.worker_networks import OutsideNetworks
@@ -73,9 +75,11 @@ async def serve_body(
     parts: RouterParts, endpoint: Endpoint, body: Any, *, arrived_s: float,
     headers: Mapping[str, str], tenant: Tenant | None,
     watch: Callable[[Awaitable[Response]], Awaitable[Response]] = lambda work: work,
+    yields: bool = False,
 ) -> Response:  # fmt: skip
     """A request's whole path from its parsed body: a client's (``generate``), or a
-    batch line's (``answer_batch_line``). ``watch`` cancels the work if the client left."""
+    batch line's (``answer_batch_line``). ``watch`` cancels the work if the client left;
+    ``yields``: admitted only onto room interactive traffic leaves (a batch line)."""
     counted = parts.metrics.requests
     try:
         prepared = prepare(
@@ -87,6 +91,8 @@ async def serve_body(
     except NotFound:
         counted.labels("unknown", endpoint.value, "404", "prod").inc()
         raise
+    if yields:
+        prepared = dataclasses.replace(prepared, yields=True)
     path = parts.rollout_path
     prepared = path.place(prepared, headers)
     shadow = None
@@ -114,23 +120,24 @@ _BATCH_LINE = {"x-pdserve-priority": "batch"}  # below every interactive class
 
 
 async def answer_batch_line(
-    parts: RouterParts, path: str, body: dict, tenant_name: str
-) -> tuple[int, bytes, float | None]:
+    parts: RouterParts, path: str, body: dict, tenant_name: str, *, yields: bool
+) -> LineReply:
     """A batch line through the path a client's request takes, as the batch's tenant at
-    the lowest priority: (status, answer body, Retry-After seconds on a 429/503)."""
+    the lowest priority; ``yields``: only onto room interactive traffic leaves."""
     tenant = parts.tenants.named(tenant_name)
     try:
         response = await serve_body(
             parts, BATCH_ENDPOINTS[path], {**body, "stream": False}, arrived_s=parts.clock(),
-            headers=_BATCH_LINE, tenant=tenant,
+            headers=_BATCH_LINE, tenant=tenant, yields=yields,
         )  # fmt: skip
     except APIError as error:
-        return error.status, error.json_bytes(), error.retry_after_s
+        return LineReply(error.status, error.json_bytes(), retry_after_s=error.retry_after_s,
+                         yielded=error.code == "batch_yields")  # fmt: skip
     if isinstance(response, StreamingResponse):  # not for a whole answer; read it whole
         chunks = [c if isinstance(c, bytes) else str(c).encode()
                   async for c in response.body_iterator]  # fmt: skip
-        return response.status_code, b"".join(chunks), None
-    return response.status_code, bytes(response.body), None
+        return LineReply(response.status_code, b"".join(chunks))
+    return LineReply(response.status_code, bytes(response.body))
 
 
 def batch_body_check(parts: RouterParts, path: str, tenant_name: str) -> Callable[[dict], None]:

@@ -19,7 +19,7 @@ from contracts.workers import WorkerRegistration
 from router.admission.admit import Admission
 from router.admission.tenants import Tenants
 from router.admission.ttft_predictor import TTFTPredictor
-from router.batch.runner import BatchRunner, RunnerLimits
+from router.batch.runner import BatchRunner, LineReply, RunnerLimits
 from router.batch.tier import build_batch_tier
 from router.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound
 from router.fleet.background import keep_running
@@ -212,8 +212,8 @@ def _batch_runner(parts: RouterParts) -> BatchRunner:
     request takes, as the batch's tenant at the lowest priority."""
     settings = parts.settings
 
-    async def answer(path: str, body: dict, tenant: str) -> tuple[int, bytes, float | None]:
-        return await answer_batch_line(parts, path, body, tenant)
+    async def answer(path: str, body: dict, tenant: str, yields: bool) -> LineReply:
+        return await answer_batch_line(parts, path, body, tenant, yields=yields)
 
     limits = RunnerLimits(
         poll_s=settings.batch.batch_poll_s, lease_s=settings.batch.batch_lease_s,
@@ -224,9 +224,7 @@ def _batch_runner(parts: RouterParts) -> BatchRunner:
     return BatchRunner(
         book=parts.batch.book, state=parts.state, files=parts.batch.files, answer=answer,
         body_checks=lambda path, tenant: batch_body_check(parts, path, tenant), limits=limits,
-        count_line=lambda outcome: parts.metrics.batch_lines.labels(outcome).inc(),
-        count_ended=lambda status: parts.metrics.batches_ended.labels(status).inc(),
-        count_at_risk=parts.metrics.batches_at_risk.inc,
+        meters=parts.metrics,
     )  # fmt: skip
 
 

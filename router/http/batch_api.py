@@ -261,8 +261,10 @@ async def admin_list_batches(request: Request) -> dict[str, Any]:
     limit = _limit(request, 100, 1000)
     found = []
     async for record in _tier(request).book.records(newest_first=True):
+        progress = record.progress and record.progress.model_dump()
         found.append({**record.batch.public(), "tenant": record.batch.tenant,
-                      "runner": record.owner, "at_risk": record.at_risk})  # fmt: skip
+                      "runner": record.owner, "at_risk": record.at_risk,
+                      "progress": progress})  # fmt: skip
         if len(found) >= limit:
             break
     return {"object": "list", "data": found}

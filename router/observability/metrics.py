@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, get_args
 
 import psutil
 from prometheus_client import (
@@ -44,10 +45,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from contracts.batch import BatchStatus
 from router.observability.fleet_accounting import ENGINE_COUNTERS, PoolKey
 from router.observability.windows import RecentSamples, SlidingSums
 from router.orchestration.usage import Usage
 from router.rollout.rollout_gate import StageWindows
+
+if TYPE_CHECKING:
+    from router.batch.book import BatchProgress
 
 # Milliseconds to minutes: a cached short prompt on a GPU to a long context queued on CPU.
 _LATENCY_BUCKETS_S = (
@@ -504,6 +509,62 @@ class RouterMetrics:
             "cancelled, expired",
             ["status"], registry=r,
         )  # fmt: skip
+        self.batches = _process_gauge(
+            r, "pdserve_batches",
+            "Batches kept in the control state, by status (every replica sharing the state "
+            "reports the same count: take the max, not the sum)", ["status"], "livemax",
+        )  # fmt: skip
+        # Of each batch this router runs now; a batch's series go when its run here ends.
+        self.batch_lines_per_s = _process_gauge(
+            r, "pdserve_batch_lines_per_second",
+            "A running batch's lines answered per second, over the last minute", ["batch"],
+        )  # fmt: skip
+        self.batch_backlog_tokens = _process_gauge(
+            r, "pdserve_batch_backlog_tokens",
+            "A running batch's lines not yet answered, in tokens: prompt (estimated, 4 "
+            "characters a token) and max_tokens", ["batch"],
+        )  # fmt: skip
+        self.batch_deadline_s = _process_gauge(
+            r, "pdserve_batch_seconds_to_deadline",
+            "Seconds until a running batch's completion window ends", ["batch"], "livemax",
+        )  # fmt: skip
+        self.batch_in_flight = _process_gauge(
+            r, "pdserve_batch_lines_in_flight",
+            "A running batch's lines in flight (running), and how many its pacing allows "
+            "now (limit)", ["batch", "kind"],
+        )  # fmt: skip
+
+    # The batch runner's meters (``router.batch.runner.BatchMeters``).
+    def batch_line(self, outcome: str) -> None:
+        self.batch_lines.labels(outcome).inc()
+
+    def batch_ended(self, status: str) -> None:
+        self.batches_ended.labels(status).inc()
+
+    def batch_at_risk(self) -> None:
+        self.batches_at_risk.inc()
+
+    def batch_statuses(self, counts: Mapping[str, int]) -> None:
+        # Every status set, absent ones to 0: a multiprocess gauge keeps what it was last set
+        # to, so none may be left out.
+        for status in get_args(BatchStatus):
+            self.batches.labels(status).set(counts.get(status, 0))
+
+    def batch_progress(self, batch_id: str, progress: BatchProgress | None) -> None:
+        """A running batch's progress; None when its run here ends (its series go)."""
+        gauges = (self.batch_lines_per_s, self.batch_backlog_tokens, self.batch_deadline_s)
+        if progress is None:
+            for gauge in gauges:
+                _remove(gauge, batch_id)
+            for kind in ("running", "limit"):
+                _remove(self.batch_in_flight, batch_id, kind)
+            return
+        self.batch_lines_per_s.labels(batch_id).set(progress.lines_per_s)
+        self.batch_backlog_tokens.labels(batch_id).set(progress.backlog_tokens)
+        if progress.seconds_left is not None:
+            self.batch_deadline_s.labels(batch_id).set(progress.seconds_left)
+        self.batch_in_flight.labels(batch_id, "running").set(progress.in_flight)
+        self.batch_in_flight.labels(batch_id, "limit").set(progress.pace_limit)
 
     def _declare_embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_splits = Counter(

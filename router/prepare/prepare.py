@@ -87,6 +87,9 @@ class PreparedRequest:
     prefill_deadline_s: float | None = None
     # False for a fan-out's later samples of one prompt: usage counts that prompt once.
     counts_prompt: bool = True
+    # A batch line's: it runs only on room interactive traffic leaves (admission refuses
+    # it with 429 ``batch_yields`` otherwise), unless its batch is at risk of expiring.
+    yields: bool = False
     # Set by the model's route (``rollout.py``): the stage that serves it (prod, canary, or
     # shadow for a mirrored copy) and that stage's version (None: no route, any version; a
     # set: no route, and the model's policy lets its approved versions serve only).

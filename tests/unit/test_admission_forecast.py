@@ -58,10 +58,11 @@ class Rig:
         self.pools = Pools(prefill=[worker("p", WorkerRole.PREFILL)],
                            decode=[worker("d", WorkerRole.DECODE)], colocated=[])  # fmt: skip
 
-    def request(self, *, slo_s: float | None = None) -> PreparedRequest:
+    def request(self, *, slo_s: float | None = None, yields: bool = False) -> PreparedRequest:
         return PreparedRequest(
             endpoint=Endpoint.COMPLETIONS, body={"model": "m", "prompt": "x", "max_tokens": 1},
             model="m", stream=False, arrived_s=self.now, requested_model="m", ttft_slo_s=slo_s,
+            yields=yields,
         )  # fmt: skip
 
     def blocks(self, ids: list[int]) -> PromptBlocks:
@@ -78,12 +79,26 @@ class Rig:
             {"model": "m", "reason": reason, "measured": measured},
         )  # fmt: skip
 
-    def admit(self, tokens: int, *, slo_s: float | None = None):
+    def admit(self, tokens: int, *, slo_s: float | None = None, yields: bool = False):
         return asyncio.run(
             self.admission.admit(
-                self.request(slo_s=slo_s), self.pools, PromptBlocks.unknown(tokens)
+                self.request(slo_s=slo_s, yields=yields), self.pools, PromptBlocks.unknown(tokens)
             )
         )
+
+
+def test_a_batch_line_runs_only_on_room_interactive_traffic_leaves():
+    rig = Rig()  # batch_yield_margin 0.25: within a quarter past its 0.3 s alone
+    rig.admit(300, yields=True).grant.release()  # idle pool
+    rig.load.begin("p", 50)  # 0.05 s of prefill ahead: within the margin
+    rig.admit(300, yields=True).grant.release()
+    rig.load.begin("p", 100)  # 0.15 s ahead: an interactive request would wait for it
+    with pytest.raises(Overloaded) as refused:
+        rig.admit(300, yields=True)
+    assert refused.value.code == "batch_yields"
+    assert refused.value.retry_after_s == 1
+    # A line of a batch at risk no longer yields: it is admitted as any request in time.
+    assert rig.admit(300).request.predicted_ttft_s == pytest.approx(0.45)
 
 
 def test_a_request_that_would_make_an_admitted_one_late_is_refused_though_in_time_itself():
