@@ -594,12 +594,19 @@ class AdmissionSettings(_Group):
         "queue deadline), leaving the rest for the predictor's error.",
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
-    batch_yield_margin: float = Field(
-        0.25, ge=0, le=100,
-        description="A batch line is admitted only while interactive traffic leaves room: "
-        "nothing waits in the router's prefill queue, and its predicted TTFT is within this "
-        "fraction past its time alone (no prefill ahead of it, decode not loaded); else 429 "
-        "`batch_yields`, and its batch sends fewer lines at once.",
+    batch_prefill_share: float = Field(
+        0.05, gt=0, le=1,
+        description="Batch lines get the prefill queue only while the prefill work admitted "
+        "and not yet done is within this fraction of the TTFT target at the pool's rate "
+        "(one always runs on an idle pool), and never while an interactive request waits "
+        "or within a second of one refused for want of room (429 `batch_yields`: the "
+        "batch then sends fewer lines at once). An interactive "
+        "prompt arriving behind batch lines waits at most about that long for them.",
+    )  # fmt: skip
+    batch_queue_wait_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="How long a batch line may wait in the prefill queue for room; then "
+        "429 `queue_deadline`, and its batch sends fewer lines at once.",
     )  # fmt: skip
     refuse_prompts_past_slo: bool = Field(
         True,
@@ -784,7 +791,7 @@ class BatchSettings(_Group):
         32, ge=1, le=10_000,
         description="Most of a batch's lines in flight at once on one router. Within it, "
         "the runner sends more while admission takes its lines and half as many when it "
-        "refuses one to make room for interactive traffic (`batch_yield_margin`).",
+        "refuses one to make room for interactive traffic (`batch_prefill_share`).",
     )  # fmt: skip
     batch_max_active: int = Field(
         4, ge=0, le=1000,

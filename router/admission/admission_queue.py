@@ -1,9 +1,11 @@
 """One model's prefill queue, bounded in uncached prompt tokens, with priority and fairness.
 
 Invariants:
-- ``admitted_tokens`` (granted, not yet released) stays within ``limit_tokens``, except
-  that one request is always admitted into an empty queue, however large (else a prompt
-  over the limit could never run);
+- ``admitted_tokens`` (granted, not yet released) stays within ``limit_tokens``, and
+  within a request's own lower limit if it has one (a batch line's: it runs only while
+  little prefill work is ahead, ``batch_prefill_share``), except that one request is
+  always admitted into an empty queue, however large (else a prompt over the limit could
+  never run);
 - a waiting request leaves by one of three doors: granted, its deadline passed
   (``QueueDeadline``), or its caller cancelled; none leaves a grant or a slot behind;
 - classes are strict (a waiting ``interactive`` request goes before any ``standard``);
@@ -42,6 +44,7 @@ class _Waiter:
     cost: int
     arrival: int  # breaks virtual-time ties: the older head goes first
     future: asyncio.Future[None] = field(repr=False)
+    own_limit_tokens: int | None = None
 
 
 class Grant:
@@ -83,6 +86,10 @@ class PrefillQueue:
     def waiting(self) -> int:
         return self._waiting
 
+    def waiting_above(self, priority: int) -> bool:
+        """Whether a request of a higher class than ``priority`` waits."""
+        return any(cls < priority for cls in self._classes)
+
     def tokens_ahead(self, *, priority: int, tenant: str, weight: float, cost: int) -> int:
         """Waiting tokens granted before a new request of this tenant, class and cost:
         every higher class, and within its own class each tenant's share up to the point
@@ -102,17 +109,19 @@ class PrefillQueue:
 
     async def enter(
         self, *, tenant: str, priority: int, weight: float, cost: int, limit_tokens: int,
-        deadline_s: float,
+        deadline_s: float, own_limit_tokens: int | None = None,
     ) -> Grant:  # fmt: skip
+        """Wait for a grant of ``cost`` tokens; ``own_limit_tokens``: granted only while
+        the admitted tokens stay within this too."""
         self.limit_tokens = limit_tokens
-        if self._waiting == 0 and self._fits(cost):
+        if self._waiting == 0 and self._fits(cost, own_limit_tokens):
             self._admit(tenant, weight, cost)
             return Grant(self, cost, tenant)
         if self._waiting >= self._max_waiting:
             raise QueueFull(f"{self._waiting} requests already wait (max_queued_requests)")
         self._arrivals += 1
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(tenant, weight, cost, self._arrivals, future)
+        waiter = _Waiter(tenant, weight, cost, self._arrivals, future, own_limit_tokens)
         self._join(priority, waiter)
         self._dispatch()
         try:
@@ -146,8 +155,13 @@ class PrefillQueue:
         held[0] += cost
         held[1] = weight
 
-    def _fits(self, cost: int) -> bool:
-        return self.admitted_tokens == 0 or self.admitted_tokens + cost <= self.limit_tokens
+    def _fits(self, cost: int, own_limit_tokens: int | None = None) -> bool:
+        limit = (
+            self.limit_tokens
+            if own_limit_tokens is None
+            else min(self.limit_tokens, own_limit_tokens)
+        )
+        return self.admitted_tokens == 0 or self.admitted_tokens + cost <= limit
 
     def _join(self, priority: int, waiter: _Waiter) -> None:
         tenants = self._classes.setdefault(priority, {})
@@ -200,7 +214,7 @@ class PrefillQueue:
                 tenants, key=lambda t: (self._virtual[(priority, t)], tenants[t][0].arrival)
             )
             head = tenants[tenant][0]
-            if not self._fits(head.cost):
+            if not self._fits(head.cost, head.own_limit_tokens):
                 return
             tenants[tenant].popleft()
             self._waiting -= 1

@@ -30,12 +30,16 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    (``refuse_prompts_past_slo``, on by default: no wait would help it, so no 429); with
    the switch off, or while the speed is only the prior, it is served, late, when the
    pool is idle, and else refused with 429 ``prompt_needs_idle_pool``;
-   A batch line (``yields``) must do better: it is admitted only onto room interactive
-   traffic leaves (``batch_yield_margin``), else 429 ``batch_yields``;
+   A batch line (``yields``) has no TTFT to keep, so none of this refuses it: it is
+   refused at once (429 ``batch_yields``) while a higher class waits in the queue or
+   within a second of other traffic refused for want of room;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
-   prefill time).
+   prefill time). A batch line is granted only while the prefill work admitted ahead of
+   it is within ``batch_prefill_share`` of the TTFT target (one always runs on an idle
+   pool): interactive prompts arriving behind it wait little for batch work. It may
+   wait ``batch_queue_wait_s``, and carries no prefill deadline.
 The grant it returns is released once the request's prefill is done.
 """
 
@@ -73,6 +77,12 @@ from router.state.base import ControlState, StateUnavailable
 
 log = logging.getLogger("pdserve.router")
 
+
+# Refusals for want of room: a batch line yields for _YIELD_AFTER_S after one of these
+# falls on other traffic (about the time a queue takes to drain at the TTFT scale).
+_NO_ROOM = frozenset({"ttft_slo_unattainable", "queue_full", "queue_deadline", "decode_kv_full",
+                      "decode_thrashing", "prompt_needs_idle_pool"})  # fmt: skip
+_YIELD_AFTER_S = 1.0
 
 # How much of the prompt was tokenized before a refusal: most of what the refusal cost.
 Measured = Literal["none", "head", "whole"]
@@ -134,6 +144,9 @@ class Admission:
         self._metrics = metrics
         self._clock = clock
         self._queues: dict[str, PrefillQueue] = {}
+        # Per model: when a request that was not a batch line was last refused for want of
+        # room (a late forecast, the queue); batch lines yield for a while after.
+        self._pressed_at_s: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"Admission(queues={self._queues})"
@@ -245,7 +258,7 @@ class Admission:
         forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_past_slo_alone(request, forecast)
         self._refuse_if_late(request, pools, forecast)
-        self._yield_unless_idle(request, forecast)
+        self._yield_to_waiting(request)
         line_s = self._line_s(request, forecast)
         grant = await self._queue(request, pools.first_hop, forecast, line_s)
         try:
@@ -257,7 +270,8 @@ class Admission:
             raise
         admitted = dataclasses.replace(
             request, max_output_tokens=output, predicted_ttft_s=forecast.ttft_s,
-            prefill_deadline_s=request.arrived_s + line_s - forecast.handoff_s,
+            prefill_deadline_s=None if request.yields
+            else request.arrived_s + line_s - forecast.handoff_s,
         )  # fmt: skip
         self._metrics.predicted_ttft.labels(request.model).observe(forecast.ttft_s)
         return Admitted(admitted, grant, blocks)
@@ -324,25 +338,35 @@ class Admission:
                 wait_s=1.0,
             )  # fmt: skip
 
-    def _yield_unless_idle(self, request: PreparedRequest, forecast: _Forecast) -> None:
-        """A yielding request (a batch line) runs only on room interactive traffic leaves:
-        none of it waits in the router's queue, and this one's forecast is within
-        ``batch_yield_margin`` of its time alone, so no prefill is ahead of it and the
-        decode side is not loaded (its handoff grows with the requests in flight there).
-        Its prefill then delays a later interactive prompt by at most its own, short
-        time. Otherwise 429 ``batch_yields``: the batch's runner sends fewer lines and
-        tries this one again shortly."""
+    def _yield_to_waiting(self, request: PreparedRequest) -> None:
+        """A yielding request (a batch line) is refused at once (429 ``batch_yields``)
+        while a request of a higher class waits in the router's queue, or within
+        ``_YIELD_AFTER_S`` of one refused for want of room: interactive traffic needs the
+        room, and the batch's runner then sends fewer lines at once. Else it may enter
+        the queue, granted only while little prefill work is ahead (``_own_limit_tokens``)."""
         if not request.yields:
             return
         queue = self._queues.get(request.model)
-        waiting = queue is not None and queue.waiting > 0
-        margin_s = forecast.alone_s * self._settings.batch_yield_margin
-        if waiting or forecast.ttft_s > forecast.alone_s + margin_s:
+        pressed_s = self._clock() - self._pressed_at_s.get(request.model, -math.inf)
+        if pressed_s < _YIELD_AFTER_S or (
+            queue is not None and queue.waiting_above(request.priority)
+        ):
             raise self._refused(
                 request, "batch_yields",
                 "interactive traffic needs the room now; this batch line runs later",
-                wait_s=forecast.ttft_s - forecast.alone_s,
+                wait_s=1.0,
             )  # fmt: skip
+
+    def _own_limit_tokens(self, request: PreparedRequest, first_hop: Sequence[WorkerState]
+                          ) -> int | None:  # fmt: skip
+        """A yielding request's own queue limit: ``batch_prefill_share`` of the TTFT
+        target's worth of prefill at the pool's rate. An interactive prompt arriving
+        behind batch lines so granted waits at most about that long for them."""
+        if not request.yields:
+            return None
+        rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        target_s = self._slo_s(request) * self._settings.ttft_slo_headroom
+        return max(1, int(rate * target_s * self._settings.batch_prefill_share))
 
     def _slo_s(self, request: PreparedRequest) -> float:
         """The model's TTFT SLO, or the client's if lower."""
@@ -407,9 +431,12 @@ class Admission:
 
     def _late(self, request: PreparedRequest, forecast: _Forecast) -> bool:
         # Late only when a wait is the cause: alone on idle workers a request is as fast
-        # as it can be, and serving it keeps the predictor learning.
-        return forecast.queued and (
-            forecast.crowded or forecast.ttft_s > self._line_s(request, forecast)
+        # as it can be, and serving it keeps the predictor learning. A batch line has no
+        # TTFT to keep: it waits for room in the queue, behind interactive work.
+        return (
+            not request.yields
+            and forecast.queued
+            and (forecast.crowded or forecast.ttft_s > self._line_s(request, forecast))
         )
 
     def _refuse_if_late(
@@ -555,7 +582,11 @@ class Admission:
                 tenant=request.tenant.name, priority=request.priority,
                 weight=request.tenant.policy.weight, cost=forecast.uncached_tokens,
                 limit_tokens=self._queue_limit_tokens(request.model, first_hop),
-                deadline_s=request.arrived_s + line_s - forecast.own_prefill_s,
+                deadline_s=request.arrived_s + (
+                    self._settings.batch_queue_wait_s if request.yields
+                    else line_s - forecast.own_prefill_s
+                ),
+                own_limit_tokens=self._own_limit_tokens(request, first_hop),
             )  # fmt: skip
         except QueueFull as error:
             raise self._refused(request, "queue_full", str(error), wait_s=forecast.ttft_s) from None
@@ -573,6 +604,8 @@ class Admission:
         measured: Measured = "whole",
     ) -> Overloaded:  # fmt: skip
         self._count_refusal(request, reason, measured)
+        if not request.yields and reason in _NO_ROOM:
+            self._pressed_at_s[request.model] = self._clock()
         return Overloaded(message, code=reason, retry_after_s=max(1, math.ceil(wait_s)))
 
     def _count_refusal(self, request: PreparedRequest, reason: str, measured: Measured) -> None:

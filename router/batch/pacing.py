@@ -8,9 +8,11 @@ Invariants:
   already sent finish, and no new one starts until ``in_flight`` is below the limit.
 - One cut per round: a refusal of a line sent before the last cut is old news and cuts
   nothing, so a burst of refusals halves the limit once, not down to the floor.
-- The limit grows by ``1 / limit`` for each line answered that saw every slot taken
-  while it was in flight (about one more line per round trip of a full window). An
-  answer while slots stayed free says nothing about room for more.
+- The limit grows for each line answered that saw every slot taken while it was in
+  flight: by one until the first refusal (slow start: it doubles every round trip of a
+  full window, so a batch on an idle pool is soon at full pace), by ``1 / limit`` after
+  (about one more line per round trip). An answer while slots stayed free says nothing
+  about room for more.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LinePacer:
         self._in_flight = 0
         self._round = 0
         self._fills = 0  # times every slot was taken
+        self._slow_start = True  # until the first refusal
         self._changed = asyncio.Condition()
 
     def __repr__(self) -> str:
@@ -67,6 +70,7 @@ class LinePacer:
         """The line was refused for want of room: cut the limit (once per round). The line
         keeps its slot to try again if it is still within the limit; else it gives the
         slot back and waits for one."""
+        self._slow_start = False
         if send.round == self._round:
             self._round += 1
             self._limit = max(float(self._floor), self._limit / 2)
@@ -81,11 +85,13 @@ class LinePacer:
         async with self._changed:
             self._in_flight -= 1
             if grew and self._fills > send.fills and send.round == self._round:
-                self._limit = min(float(self._cap), self._limit + 1 / self._limit)
+                step = 1.0 if self._slow_start else 1 / self._limit
+                self._limit = min(float(self._cap), self._limit + step)
             self._changed.notify_all()
 
     async def raise_floor(self, floor: int) -> None:
-        """A batch at risk of missing its window: never fewer than ``floor`` lines at once."""
+        """Never fewer than ``floor`` lines at once (a batch at risk of missing its window;
+        1 again once it is not)."""
         async with self._changed:
             self._floor = max(1, min(self._cap, floor))
             self._limit = max(self._limit, float(self._floor))

@@ -9,7 +9,8 @@ lease is free (``book.py``), at most ``batch_max_active`` at once. For a batch i
 - ``in_progress``: the lines not yet kept are sent as the batch's tenant with priority
   ``batch`` (``LineAnswer``: the same validation, screens, rate limits, admission and
   routing a client's request gets, so the tenant's quotas count batch tokens), and
-  yielding: admission takes a line only onto room interactive traffic leaves. How many
+  yielding: admission takes a line only onto room interactive traffic leaves
+  (``batch_yields``, ``batch_prefill_share``). How many
   go at once (``pacing.py``) grows while lines are taken and halves when one is
   refused, up to ``batch_max_in_flight``. A 429 or 503 (no room now) is not an
   outcome: the line waits and goes again. Another 5xx is tried again up to
@@ -310,8 +311,8 @@ class BatchRunner:
                 return _output(line, status, reply.body), send
             if status in _NO_ROOM:
                 send = await pace.pacer.refused(send)
-            if reply.yielded:
-                wait_s, backoff_s = backoff_s, min(limits.retry_cap_s, backoff_s * 2)
+            if reply.yielded:  # room comes back within a prefill or two: never wait long
+                wait_s, backoff_s = backoff_s, min(reply.retry_after_s or 1.0, backoff_s * 2)
             else:
                 wait_s = min(limits.retry_cap_s, reply.retry_after_s or wait_s * 2)
             with contextlib.suppress(TimeoutError):
@@ -321,11 +322,12 @@ class BatchRunner:
     async def _publish_counts(self, batch: Batch, counts: RequestCounts, pace: _Pace) -> None:
         """Every second: the counts and progress (the record, the metrics), and whether
         the batch is at risk of expiring. The first time it is, it is counted
-        (``pdserve_batches_at_risk_total``, an alert), and its share rises: its lines stop
-        yielding to interactive traffic (they still queue behind it, as the lowest class),
-        and at least half ``max_in_flight`` go at once."""
+        (``pdserve_batches_at_risk_total``, an alert). While it is, its share rises: its
+        lines stop yielding to interactive traffic (they still queue behind it, as the
+        lowest class), and at least half ``max_in_flight`` go at once."""
         started_s, done_before = self._now(), counts.completed + counts.failed
         recent: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW_S)
+        flagged = False
         while True:
             await asyncio.sleep(1.0)
             now_s, done = self._now(), counts.completed + counts.failed
@@ -342,11 +344,13 @@ class BatchRunner:
                 _published, counts=counts.model_copy(), risky=risky, progress=progress
             )
             await self._book.change(batch.id, update)
-            if risky and not pace.urgent:
-                pace.urgent = True
+            if risky and not flagged:
+                flagged = True
                 log.warning("batch %s is at risk of expiring: %s", batch.id, counts)
                 self._meters.batch_at_risk()
-                await pace.pacer.raise_floor(self._limits.max_in_flight // 2)
+            if risky != pace.urgent:  # its share follows the risk, both ways
+                pace.urgent = risky
+                await pace.pacer.raise_floor(self._limits.max_in_flight // 2 if risky else 1)
 
     async def _finish(self, batch_id: str, lines: list[InputLine]) -> None:
         record = await self._book.get(batch_id)
@@ -456,13 +460,13 @@ def at_risk(
     min_elapsed_s: float = 5.0,
 ) -> bool:  # fmt: skip
     """Whether, at the pace since ``started_s`` (``done`` lines), the ``left`` lines end
-    past ``expires_at``. Not judged before ``min_elapsed_s``; no progress by then
-    with lines left is at risk."""
+    past ``expires_at``. Not judged before ``min_elapsed_s``. With no line done yet, at
+    risk once the time gone without one is as long as the time left."""
     elapsed_s = now_s - started_s
     if expires_at is None or left <= 0 or elapsed_s < min_elapsed_s:
         return False
     if done <= 0:
-        return True
+        return elapsed_s >= expires_at - now_s
     return now_s + left * elapsed_s / done > expires_at
 
 

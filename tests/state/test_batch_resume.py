@@ -108,3 +108,31 @@ def test_a_batch_survives_its_router_and_a_decode_worker(cluster):
         every_line_once(api_b, second, count)
     finally:
         process_group.stop([router_b], grace_s=10)
+
+
+def test_two_live_routers_run_a_batch_once(cluster):
+    """Both routers scan the same state: one takes the lease and keeps it, the other
+    never sends a line, and no line is sent twice."""
+    local, url_b = cluster
+    router_b = local.start_replica(url_b)
+    try:
+        api_a = openai.OpenAI(base_url=local.router_url + "/v1", api_key="x", max_retries=0)
+        count, before = 40, engine_requests(local)
+        batch_id = start(api_a, count)
+        runners: set[str] = set()
+
+        def ended() -> bool:
+            listed = local.admin("GET", "/admin/v1/batches")["data"]
+            batch = next(b for b in listed if b["id"] == batch_id)
+            runners.update([batch["runner"]] if batch["runner"] else [])
+            return batch["status"] in ENDED
+
+        wait_for(ended, 120, "batch ended")
+        every_line_once(api_a, batch_id, count)
+        assert len(runners) == 1
+        assert engine_requests(local) - before == count  # none sent twice
+        kept = [total(scrape(url + "/metrics"), "pdserve_batch_lines_total")
+                for url in (local.router_url, url_b)]  # fmt: skip
+        assert sorted(kept) == [0, count]
+    finally:
+        process_group.stop([router_b], grace_s=10)

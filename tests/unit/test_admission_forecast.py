@@ -62,7 +62,7 @@ class Rig:
         return PreparedRequest(
             endpoint=Endpoint.COMPLETIONS, body={"model": "m", "prompt": "x", "max_tokens": 1},
             model="m", stream=False, arrived_s=self.now, requested_model="m", ttft_slo_s=slo_s,
-            yields=yields,
+            yields=yields, priority=2 if yields else 1,  # batch lines are the lowest class
         )  # fmt: skip
 
     def blocks(self, ids: list[int]) -> PromptBlocks:
@@ -87,18 +87,47 @@ class Rig:
         )
 
 
-def test_a_batch_line_runs_only_on_room_interactive_traffic_leaves():
-    rig = Rig()  # batch_yield_margin 0.25: within a quarter past its 0.3 s alone
-    rig.admit(300, yields=True).grant.release()  # idle pool
-    rig.load.begin("p", 50)  # 0.05 s of prefill ahead: within the margin
-    rig.admit(300, yields=True).grant.release()
-    rig.load.begin("p", 100)  # 0.15 s ahead: an interactive request would wait for it
+def test_a_batch_line_yields_while_interactive_work_waits_and_runs_behind_little_work():
+    # Queue limit 1000 tokens; batch_prefill_share 0.05 of the 2 s target at 1000 tokens/s:
+    # a batch line is granted only while admitted + its cost stay within 100 tokens.
+    rig = Rig(prefill_queue_tokens_per_worker=1000)
+
+    async def scene() -> None:
+        admit = rig.admission.admit
+        batch = lambda: rig.request(yields=True)  # noqa: E731
+        alone = await admit(batch(), rig.pools, PromptBlocks.unknown(300))  # idle pool
+        alone.grant.release()
+        held = await admit(rig.request(), rig.pools, PromptBlocks.unknown(300))
+        line = asyncio.create_task(admit(batch(), rig.pools, PromptBlocks.unknown(300)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not line.done()  # 300 + 300 ahead is over its 100
+        held.grant.release()
+        (await asyncio.wait_for(line, 1)).grant.release()
+        full = await admit(rig.request(), rig.pools, PromptBlocks.unknown(900))
+        waiter = asyncio.create_task(admit(rig.request(), rig.pools, PromptBlocks.unknown(200)))
+        for _ in range(20):  # no clock involved: until it waits in the queue
+            await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as refused:  # an interactive request waits
+            await admit(batch(), rig.pools, PromptBlocks.unknown(50))
+        assert refused.value.code == "batch_yields" and refused.value.retry_after_s == 1
+        full.grant.release()
+        (await asyncio.wait_for(waiter, 1)).grant.release()
+
+    asyncio.run(scene())
+
+
+def test_batch_lines_yield_for_a_second_after_other_traffic_is_refused_for_room():
+    rig = Rig()
+    ahead = rig.load.begin("p", 1900)  # 1.9 s of prefill ahead: a 300-token prompt is late
+    with pytest.raises(Overloaded, match="predicted time to first token"):
+        rig.admit(300)
+    ahead.end()
     with pytest.raises(Overloaded) as refused:
-        rig.admit(300, yields=True)
+        rig.admit(50, yields=True)
     assert refused.value.code == "batch_yields"
-    assert refused.value.retry_after_s == 1
-    # A line of a batch at risk no longer yields: it is admitted as any request in time.
-    assert rig.admit(300).request.predicted_ttft_s == pytest.approx(0.45)
+    rig.now += 1.0
+    rig.admit(50, yields=True).grant.release()
 
 
 def test_a_request_that_would_make_an_admitted_one_late_is_refused_though_in_time_itself():

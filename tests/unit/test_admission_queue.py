@@ -166,3 +166,26 @@ async def test_a_tenant_within_its_share_beside_one_over_its_own_is_sheltered():
     assert not queue.sheltered("polite", 1.0, 100, 1000)
     noisy[2].release()
     assert not queue.sheltered("noisy", 1.0, 100, 1000)  # alone, there is nobody to blame
+
+
+async def test_a_request_with_its_own_lower_limit_waits_for_little_work_ahead():
+    # A batch line: granted only while admitted + its cost is within 30, of a 100 limit;
+    # alone on an idle queue it runs whatever its cost.
+    queue = PrefillQueue(max_waiting=10, clock=Clock())
+    alone = await queue.enter(tenant="jobs", priority=2, weight=1.0, cost=50, limit_tokens=100,
+                              deadline_s=FAR, own_limit_tokens=30)  # fmt: skip
+    alone.release()
+    ahead = await enter(queue, "app", 20)
+    line = asyncio.create_task(queue.enter(tenant="jobs", priority=2, weight=1.0, cost=20,
+                                           limit_tokens=100, deadline_s=FAR,
+                                           own_limit_tokens=30))  # fmt: skip
+    await settle()
+    assert not line.done() and queue.waiting == 1
+    assert not queue.waiting_above(2) and queue.waiting_above(3)  # it is class 2
+    other = await enter(queue, "app", 50)  # a higher class: within the queue's own limit
+    assert queue.admitted_tokens == 70
+    ahead.release()
+    other.release()
+    await settle()
+    assert line.done() and queue.admitted_tokens == 20
+    (await line).release()

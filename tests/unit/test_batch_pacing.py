@@ -21,15 +21,25 @@ async def _grow_to(pacer: LinePacer, limit: int) -> None:
             await pacer.give_back(grew=True, send=send)
 
 
-async def test_answers_in_a_full_window_grow_the_limit_by_about_one_per_window():
-    pacer = LinePacer(cap=16)
-    assert pacer.limit == 1
+async def _windows_to(pacer: LinePacer, limit: int) -> int:
     windows = 0
-    while pacer.limit < 8:
+    while pacer.limit < limit:
         for send in await _fill(pacer):
             await pacer.give_back(grew=True, send=send)
         windows += 1
-    assert 7 <= windows <= 9  # +1/limit per answer: one line more per window
+    return windows
+
+
+async def test_full_windows_double_the_limit_until_a_refusal_then_add_about_one_each():
+    pacer = LinePacer(cap=64)
+    assert pacer.limit == 1
+    assert await _windows_to(pacer, 16) == 4  # 1, 2, 4, 8, 16
+    await pacer.refused(await pacer.take())  # cut to 8; this line keeps its slot
+    assert pacer.limit == 8
+    for send in await _fill(pacer):
+        await pacer.give_back(grew=True, send=send)
+    assert pacer.limit == 8  # past the cut, 1/limit an answer: 7 answers are not one more
+    assert 7 <= await _windows_to(pacer, 16) <= 9
 
 
 async def test_answers_with_free_slots_do_not_grow_it_and_it_stops_at_the_cap():

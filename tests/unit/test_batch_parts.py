@@ -114,7 +114,8 @@ async def test_the_book_keeps_max_batches_pushing_out_the_oldest_ended():
         (103, 10, 90, False),  # too early to judge
         (110, 10, 90, True),  # 1 line/s, 90 left, 50 s to go
         (110, 100, 90, False),  # 10 lines/s: done in 9 s
-        (110, 0, 90, True),  # no progress at all
+        (110, 0, 90, False),  # none done yet: 10 s gone, 50 s left
+        (130, 0, 90, True),  # none done in 30 s, with 30 s left
         (110, 10, 0, False),  # nothing left
     ],
 )  # fmt: skip
