@@ -1,7 +1,9 @@
 """How many of a batch's lines are in flight at once: more while interactive traffic
 leaves room, fewer at once when it does not. Additive increase, multiplicative decrease,
-as TCP paces a flow on a shared link; the signal is admission's refusal of a line
-(``batch_yields``, or any other 429/503: no room now).
+as TCP paces a flow on a shared link; the signal is admission's refusal of a line for
+want of room (its queue wait ran out, decode KV full, a rate limit: 429/503). A yield to
+interactive traffic (``batch_yields``) is not one: the queue already holds batch lines
+back while prefill is busy, and such yields come and go with every burst.
 
 Invariants:
 - ``floor <= limit <= cap``. ``in_flight`` exceeds ``limit`` only after a cut: lines

@@ -12,7 +12,8 @@ lease is free (``book.py``), at most ``batch_max_active`` at once. For a batch i
   yielding: admission takes a line only onto room interactive traffic leaves
   (``batch_yields``, ``batch_prefill_share``). How many
   go at once (``pacing.py``) grows while lines are taken and halves when one is
-  refused, up to ``batch_max_in_flight``. A 429 or 503 (no room now) is not an
+  refused for want of room (a yield to interactive traffic only delays the line), up
+  to ``batch_max_in_flight``. A 429 or 503 (no room now) is not an
   outcome: the line waits and goes again. Another 5xx is tried again up to
   ``failed_attempts`` in all. Any other answer is kept, once
   per ``custom_id`` (``ControlState.record_batch_line``), before the line counts as
@@ -296,11 +297,13 @@ class BatchRunner:
         self, batch: Batch, line: InputLine, stop: asyncio.Event, pace: _Pace, send: Send
     ) -> tuple[OutputLine | None, Send]:
         """The line's outcome (None when the batch stopped while it waited for room), and
-        its hold on a slot. Refused for want of room, it cuts the batch's lines in flight
-        and goes again: after a short wait that doubles when admission made room for
-        interactive traffic, after Retry-After otherwise (a tenant's rate limit). A 5xx (a
-        worker failed past the router's own retries) is tried again, up to
-        ``failed_attempts`` in all, before it is the line's outcome."""
+        its hold on a slot. Made to yield to interactive traffic, it goes again after a
+        short wait that doubles (to Retry-After); the batch keeps its pace, since the
+        queue already holds its lines back while prefill is busy. Refused for want of room
+        otherwise (its queue wait ran out, decode KV, a tenant's rate limit), it halves
+        the batch's lines in flight and goes again after Retry-After. A 5xx (a worker
+        failed past the router's own retries) is tried again, up to ``failed_attempts``
+        in all, before it is the line's outcome."""
         limits = self._limits
         backoff_s, wait_s, failures = limits.yield_wait_s, 0.5, 0
         while not stop.is_set():
@@ -309,11 +312,11 @@ class BatchRunner:
             failures += status >= 500 and status not in _NO_ROOM
             if status not in _NO_ROOM and not (status >= 500 and failures < limits.failed_attempts):
                 return _output(line, status, reply.body), send
-            if status in _NO_ROOM:
-                send = await pace.pacer.refused(send)
             if reply.yielded:  # room comes back within a prefill or two: never wait long
                 wait_s, backoff_s = backoff_s, min(reply.retry_after_s or 1.0, backoff_s * 2)
             else:
+                if status in _NO_ROOM:
+                    send = await pace.pacer.refused(send)
                 wait_s = min(limits.retry_cap_s, reply.retry_after_s or wait_s * 2)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait_s)

@@ -117,8 +117,8 @@ async def serve_body(
 BATCH_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS,
                    "/v1/embeddings": Endpoint.EMBEDDINGS}  # fmt: skip
 _BATCH_LINE = {"x-pdserve-priority": "batch"}  # below every interactive class
-# A yielding line's refusals that make room for interactive traffic: the batch goes slower.
-_MAKING_ROOM = frozenset({"batch_yields", "queue_deadline"})
+# A yielding line's refusal to make room for interactive traffic now: the line waits.
+_MAKING_ROOM = frozenset({"batch_yields"})
 
 
 async def answer_batch_line(
