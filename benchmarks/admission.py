@@ -61,9 +61,10 @@ TENANTS = {t: {"keys": [f"key-{t}"]} for t in ("load", "polite", "noisy")}
 LOAD_KEY = {"Authorization": "Bearer key-load"}
 
 
-def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
-                schedule: list[Scheduled], args: argparse.Namespace) -> dict:  # fmt: skip
-    """One fresh cluster, one replay; results plus the engines' preemptions."""
+def sim_cluster(name: str, profile: Path, work: Path, router_env: dict[str, str],
+                args: argparse.Namespace) -> LocalCluster:  # fmt: skip
+    """A cluster of ``args.prefill`` + ``args.decode`` sims on ``profile``, not started;
+    heartbeats every half second, tolerant timeouts (dilated engines are slow)."""
     (port,) = free_ports(1)
     plan = ClusterPlan(
         model_path=tiny_llama.ensure(), served_name=MODEL, prefill=args.prefill,
@@ -71,9 +72,16 @@ def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
         sim_profile=str(profile), max_model_len=200_000, ready_timeout_s=300,
         heartbeat_interval_s=0.5, drain_timeout_s=2,
         router_env={"PDSERVE_HEARTBEAT_TIMEOUT_S": "30", "PDSERVE_HEALTH_TIMEOUT_S": "10",
-                    "PDSERVE_TENANTS": json.dumps(TENANTS), **env},
+                    **router_env},
     )  # fmt: skip
-    cluster = LocalCluster(plan, say=lambda line: print(f"  [{name}] {line}", flush=True))
+    return LocalCluster(plan, say=lambda line: print(f"  [{name}] {line}", flush=True))
+
+
+def run_cluster(name: str, profile: Path, work: Path, env: dict[str, str],
+                schedule: list[Scheduled], args: argparse.Namespace) -> dict:  # fmt: skip
+    """One fresh cluster, one replay; results plus the engines' preemptions."""
+    cluster = sim_cluster(name, profile, work, {"PDSERVE_TENANTS": json.dumps(TENANTS), **env},
+                          args)  # fmt: skip
     try:
         cluster.start()
         preemptions0 = _preemptions(cluster)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.admission import PROBE, open_loop
+from benchmarks.admission import PROBE, open_loop, sim_cluster
 from benchmarks.routing_policies import scaled_profile
 from contracts.machine import machine_record
 from contracts.tokenization import load_tokenizer
@@ -54,8 +54,7 @@ from loadgen.client import RequestResult
 from loadgen.metrics import error_kind, percentiles
 from loadgen.prometheus_text import scrape
 from loadgen.replay import Scheduled, replay
-from localrun.cluster import ClusterPlan, LocalCluster
-from localrun.ports import free_ports
+from localrun.cluster import LocalCluster
 from modelstore import tiny_llama
 
 MODEL = tiny_llama.SERVED_NAME
@@ -67,17 +66,8 @@ JOBS = {"Authorization": "Bearer key-jobs"}
 @contextlib.contextmanager
 def cluster(name: str, profile: Path, work: Path, env: dict[str, str],
             args: argparse.Namespace) -> Iterator[LocalCluster]:  # fmt: skip
-    (port,) = free_ports(1)
-    plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=args.prefill,
-        decode=args.decode, port=port, run_dir=work / name, engine="sim",
-        sim_profile=str(profile), max_model_len=200_000, ready_timeout_s=300,
-        heartbeat_interval_s=0.5, drain_timeout_s=2,
-        router_env={"PDSERVE_HEARTBEAT_TIMEOUT_S": "30", "PDSERVE_HEALTH_TIMEOUT_S": "10",
-                    "PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_BATCH_POLL_S": "0.2",
-                    **env},
-    )  # fmt: skip
-    local = LocalCluster(plan, say=lambda line: print(f"  [{name}] {line}", flush=True))
+    router_env = {"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_BATCH_POLL_S": "0.2", **env}
+    local = sim_cluster(name, profile, work, router_env, args)
     try:
         local.start()
         yield local
@@ -332,7 +322,8 @@ def plot(report: dict, path: Path) -> None:
     runs, summary = report["runs"], report["summary"]
     fig, (ttft, lines, late) = plt.subplots(1, 3, figsize=(16, 4.8))
     for name in [n for n in runs if n != "deadline"]:
-        values = sorted(r.ttft_s * 1000 for r in runs[name]["results"] if r.ok and r.ttft_s)
+        values = sorted(ttft_ms for _, ttft_ms, status in runs[name]["results"]
+                        if status == 200 and ttft_ms)  # fmt: skip
         shares = [(i + 1) / len(values) for i in range(len(values))]
         row = summary["rows"][name]
         ttft.plot(values, shares, label=f"{name}: p99 {row['ttft_p99_ms']:.0f} ms "
@@ -351,7 +342,8 @@ def plot(report: dict, path: Path) -> None:
     lines.plot([0, span_s], [0, room * span_s], "k--", label=f"the room: {room:.2f} lines/s")
     lines.set(xlabel="seconds", ylabel="batch lines done", title="The batch's progress")
     lines.legend(fontsize=8)
-    trace, d = runs["deadline"]["batch"]["trace"], summary["deadline"]
+    d = summary["deadline"]  # at its end, the lines never run count as failed: left out
+    trace = [p for p in runs["deadline"]["batch"]["trace"] if p[2] == "in_progress"]
     late.plot([p[0] for p in trace], [p[1] for p in trace], label="lines done")
     if d["flagged_at_s"] is not None:
         late.axvline(
@@ -424,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router-env", nargs="*", default=[],
                         help="extra router settings, PDSERVE_X=value")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--plot-only", type=Path, metavar="JSON",
+                        help="draw batch.png again from a run's batch.json")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png"))
+        return 0
     report: dict = {
         "machine": machine_record(),
         "command": "python -m benchmarks.batch " + " ".join(argv or sys.argv[1:]),
@@ -433,11 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="batch-bench-") as tmp:
         report |= run_parts(args, Path(tmp))
     report["summary"] = summarise(report, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(report, args.out / "batch.png")
     for run in report["runs"].values():  # (sent at s, TTFT ms, status) per request
         run["results"] = [(round(r.started_s, 2), r.ttft_s and round(r.ttft_s * 1000), r.status)
                           for r in run["results"]]  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(report, args.out / "batch.png")
     (args.out / "batch.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "batch.md").write_text(markdown(report))
     print(json.dumps(report["summary"], indent=1))
