@@ -40,10 +40,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from benchmarks.admission import PROBE, open_loop, sim_cluster
 from benchmarks.routing_policies import scaled_profile
@@ -111,33 +111,38 @@ def capacity(profile: Path, work: Path, interactive: list[dict], lines: list[dic
 # -- the batch, as a client of the tier or as the naive executor ----------------
 
 
-async def submit(http: httpx.AsyncClient, lines: list[dict], window: str) -> dict:
+async def _json(answer: Awaitable[aiohttp.ClientResponse]) -> dict:
+    async with await answer as response:
+        response.raise_for_status()
+        return await response.json()
+
+
+async def submit(http: aiohttp.ClientSession, lines: list[dict], window: str) -> dict:
     data = b"".join(
         json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
                     "body": body}).encode() + b"\n"
         for i, body in enumerate(lines)
     )  # fmt: skip
-    uploaded = await http.post("/v1/files", files={"file": ("lines.jsonl", data)},
-                               data={"purpose": "batch"})  # fmt: skip
-    uploaded.raise_for_status()
-    created = await http.post("/v1/batches", json={
-        "input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions",
-        "completion_window": window})  # fmt: skip
-    created.raise_for_status()
-    return created.json()
+    form = aiohttp.FormData({"purpose": "batch"})
+    form.add_field("file", data, filename="lines.jsonl")
+    uploaded = await _json(http.post("/v1/files", data=form))
+    return await _json(http.post("/v1/batches", json={
+        "input_file_id": uploaded["id"], "endpoint": "/v1/completions",
+        "completion_window": window}))  # fmt: skip
 
 
 async def run_tier(local: LocalCluster, lines: list[dict], window: str, until_s: float) -> dict:
     """Submit the batch, then watch it every second until ``until_s`` or its end:
     [(seconds since the submit, lines done, status, at risk)] (at risk: the admin view)."""
     admin = {"Authorization": f"Bearer {local.admin_token}"}
-    async with httpx.AsyncClient(base_url=local.router_url, headers=JOBS, timeout=60) as http:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(local.router_url, headers=JOBS, timeout=timeout) as http:
         started = time.perf_counter()
         batch = await submit(http, lines, window)
         trace = []
         while (elapsed := time.perf_counter() - started) < until_s:
-            got = (await http.get(f"/v1/batches/{batch['id']}")).json()
-            listed = (await http.get("/admin/v1/batches", headers=admin)).json()["data"]
+            got = await _json(http.get(f"/v1/batches/{batch['id']}"))
+            listed = (await _json(http.get("/admin/v1/batches", headers=admin)))["data"]
             risky = any(b["id"] == batch["id"] and b["at_risk"] for b in listed)
             counts = got["request_counts"]
             trace.append((round(elapsed, 2), counts["completed"] + counts["failed"],
@@ -146,7 +151,7 @@ async def run_tier(local: LocalCluster, lines: list[dict], window: str, until_s:
                 break
             await asyncio.sleep(1.0)
         if trace[-1][2] not in ("completed", "failed", "expired", "cancelled"):
-            await http.post(f"/v1/batches/{batch['id']}/cancel")
+            await _json(http.post(f"/v1/batches/{batch['id']}/cancel"))
     return {"batch": {k: batch[k] for k in ("id", "created_at", "expires_at")}, "trace": trace}
 
 
@@ -158,16 +163,17 @@ async def run_naive(base_url: str, lines: list[dict], concurrency: int, until_s:
     statuses: Counter[str] = Counter()
     queue = iter(lines)
 
-    async def worker(http: httpx.AsyncClient) -> None:
+    async def worker(http: aiohttp.ClientSession) -> None:
         for body in queue:
             while time.perf_counter() - started < until_s:
                 try:
-                    answer = await http.post("/v1/completions", json=body)
-                except httpx.HTTPError as error:
+                    async with http.post("/v1/completions", json=body) as answer:
+                        await answer.read()
+                except aiohttp.ClientError as error:
                     statuses[type(error).__name__] += 1
                     continue
-                statuses[str(answer.status_code)] += 1
-                if answer.status_code not in (429, 503):
+                statuses[str(answer.status)] += 1
+                if answer.status not in (429, 503):
                     done_at.append(time.perf_counter() - started)
                     break
                 await asyncio.sleep(float(answer.headers.get("retry-after", 1)))
@@ -175,7 +181,8 @@ async def run_naive(base_url: str, lines: list[dict], concurrency: int, until_s:
                 return
 
     headers = {**JOBS, "x-pdserve-priority": "batch"}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300) as http:
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(base_url, headers=headers, timeout=timeout) as http:
         await asyncio.gather(*(worker(http) for _ in range(concurrency)))
     trace = [(round(t, 2), n) for n, t in enumerate(sorted(done_at), 1)]
     return {"trace": trace, "statuses": dict(statuses)}
