@@ -164,6 +164,7 @@ class Admission:
         """The one entry point for a choice: refuse before tokenizing if the queue alone
         makes it late; for a long prompt that could be refused, measure its head and
         refuse on that; else measure it whole and admit or refuse it. Raises to refuse."""
+        self._yield_to_waiting(request)  # a batch line refused before any tokenizing
         head = None
         if (
             self.precheck(request, pools)
