@@ -600,8 +600,8 @@ class AdmissionSettings(_Group):
         "and not yet done is within this fraction of the TTFT target at the pool's rate "
         "(one always runs on an idle pool), and never while an interactive request waits "
         "or within a second of one refused for want of room (429 `batch_yields`: the "
-        "batch then sends fewer lines at once). An interactive "
-        "prompt arriving behind batch lines waits at most about that long for them.",
+        "line tries again shortly). An interactive prompt arriving behind batch lines "
+        "waits at most about that long for them.",
     )  # fmt: skip
     batch_queue_wait_s: float = Field(
         30.0, gt=0, le=3600,
@@ -791,7 +791,8 @@ class BatchSettings(_Group):
         32, ge=1, le=10_000,
         description="Most of a batch's lines in flight at once on one router. Within it, "
         "the runner sends more while admission takes its lines and half as many when it "
-        "refuses one to make room for interactive traffic (`batch_prefill_share`).",
+        "refuses one for want of room (`batch_queue_wait_s` run out, decode KV, a rate "
+        "limit); a yield to interactive traffic (`batch_yields`) only delays the line.",
     )  # fmt: skip
     batch_max_active: int = Field(
         4, ge=0, le=1000,

@@ -259,7 +259,7 @@ class Admission:
         forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_past_slo_alone(request, forecast)
         self._refuse_if_late(request, pools, forecast)
-        self._yield_to_waiting(request)
+        self._yield_to_waiting(request)  # again: interactive work may wait since tokenizing
         line_s = self._line_s(request, forecast)
         grant = await self._queue(request, pools.first_hop, forecast, line_s)
         try:
@@ -343,7 +343,7 @@ class Admission:
         """A yielding request (a batch line) is refused at once (429 ``batch_yields``)
         while a request of a higher class waits in the router's queue, or within
         ``_YIELD_AFTER_S`` of one refused for want of room: interactive traffic needs the
-        room, and the batch's runner then sends fewer lines at once. Else it may enter
+        room, and the batch's runner sends the line again shortly. Else it may enter
         the queue, granted only while little prefill work is ahead (``_own_limit_tokens``)."""
         if not request.yields:
             return

@@ -117,8 +117,6 @@ async def serve_body(
 BATCH_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS,
                    "/v1/embeddings": Endpoint.EMBEDDINGS}  # fmt: skip
 _BATCH_LINE = {"x-pdserve-priority": "batch"}  # below every interactive class
-# A yielding line's refusal to make room for interactive traffic now: the line waits.
-_MAKING_ROOM = frozenset({"batch_yields"})
 
 
 async def answer_batch_line(
@@ -134,7 +132,7 @@ async def answer_batch_line(
         )  # fmt: skip
     except APIError as error:
         return LineReply(error.status, error.json_bytes(), retry_after_s=error.retry_after_s,
-                         yielded=error.code in _MAKING_ROOM)  # fmt: skip
+                         yielded=error.code == "batch_yields")  # fmt: skip
     if isinstance(response, StreamingResponse):  # not for a whole answer; read it whole
         chunks = [c if isinstance(c, bytes) else str(c).encode()
                   async for c in response.body_iterator]  # fmt: skip
