@@ -18,6 +18,7 @@ from typing import Literal
 from agent.engine_dtype import Dtype, dtype_bytes
 from agent.engine_memory import accelerator_name
 from agent.placement import ExpectedPlacement, parse_cpu_list
+from contracts.workers import SchedulingPolicy
 from kvtransfer.transport import NixlTransport
 
 Device = Literal["cpu", "cuda"]
@@ -80,6 +81,10 @@ class EngineSpec:
     stream_interval: int | None = None
     # vLLM's --prefix-caching-hash-algo; the router hashes prompts with the same one.
     prefix_caching_hash_algo: str = "sha256"
+    # vLLM's --scheduling-policy. "priority": the engine takes waiting requests by the
+    # `priority` the router sends (its class: batch lines last) and preempts the lowest
+    # first when KV runs out. The worker registers it, so the router knows to send one.
+    scheduling_policy: SchedulingPolicy = "priority"
     transport: NixlTransport | None = None
     # "sim" runs pdserve's simulator in vLLM's place: same API, same handoff.
     engine: EngineKind = "vllm"
@@ -169,6 +174,7 @@ class EngineSpec:
         args += ["--block-size", str(self.resolved_block_size())]
         args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
         args += self._stream_interval_args()
+        args += ["--scheduling-policy", self.scheduling_policy]
         if self.transport:
             args += ["--kv-transfer-config", self.transport.kv_transfer_config()]
         if self.kv_events_endpoint:
@@ -196,6 +202,7 @@ class EngineSpec:
         if self.kv_events_endpoint:
             args += ["--kv-events-endpoint", self.kv_events_endpoint, "--kv-events-bind"]
         args += self._stream_interval_args()
+        args += ["--scheduling-policy", self.scheduling_policy]
         return [*args, "--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
 
     def _stream_interval_args(self) -> list[str]:

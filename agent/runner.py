@@ -63,6 +63,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=None,
                         help="output tokens per streamed chunk (vLLM's flag; default 1): more "
                         "costs less CPU per token and streams in bursts")  # fmt: skip
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority",
+                        help="vLLM's flag: priority (the default) lets the router's classes "
+                        "order the engine's waiting requests (batch lines last)")  # fmt: skip
     parser.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
                         help="vllm, or pdserve's simulator in its place")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for --engine sim")
@@ -108,6 +111,7 @@ def base_spec_fields(args: argparse.Namespace) -> dict:
         "idle_spin_s": args.engine_idle_spin_s,
         "prefix_caching_hash_algo": args.prefix_caching_hash_algo,
         "stream_interval": args.stream_interval,
+        "scheduling_policy": args.scheduling_policy,
         "extra_args": tuple(extra),
         "engine": args.engine,
         "sim_profile": args.sim_profile,
@@ -157,6 +161,7 @@ def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerR
         kv_capacity_tokens=spec.kv_capacity_tokens(),
         max_model_len=spec.context_window(),
         accelerator=spec.accelerator(),
+        scheduling_policy=spec.scheduling_policy,
     )
 
 

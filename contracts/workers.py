@@ -8,7 +8,7 @@ only after its vLLM server has loaded weights and answered ``/health``.
 from __future__ import annotations
 
 from enum import Enum
-from typing import NewType
+from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,6 +17,10 @@ from contracts.block_hashing import HASH_FUNCTIONS
 WIRE_VERSION = 1
 
 WorkerId = NewType("WorkerId", str)
+
+
+# vLLM's --scheduling-policy values.
+SchedulingPolicy = Literal["fcfs", "priority"]
 
 
 class WorkerRole(str, Enum):
@@ -90,6 +94,10 @@ class WorkerRegistration(BaseModel):
     # Prompt plus output tokens the engine accepts (vLLM's --max-model-len).
     max_model_len: int | None = Field(default=None, ge=1)
     engine_pid: int | None = None
+    # vLLM's --scheduling-policy. "priority": the router sends each request's class as its
+    # `priority` (lower first), so batch lines wait behind interactive ones in the engine
+    # too, and KV preemption takes them first; "fcfs": no `priority` is sent.
+    scheduling_policy: SchedulingPolicy = "fcfs"
     # What the worker runs on, for the cost model's $/hour: "cpu", or the accelerator's
     # name ("nvidia-h100-80gb-hbm3"), lower case with dashes.
     accelerator: str = Field(default="cpu", min_length=1, max_length=100)

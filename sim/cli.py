@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser, subcommands: Sequence[Subcomm
     parser.add_argument("--seed", type=int, default=0, help="output tokens: f(seed, prompt)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="tokens per streamed chunk, as vLLM's flag")  # fmt: skip
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                        help="as vLLM's flag: priority takes waiting requests by their "
+                             "`priority` (lower first), then arrival")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
             kv_events_endpoint=_nth_endpoint(args.kv_events_endpoint, index),
             kv_events_bind=args.kv_events_bind, faults=faults, admin_token=admin_token,
             hash_algo=args.prefix_caching_hash_algo, stream_interval=args.stream_interval,
+            scheduling_policy=args.scheduling_policy,
         )
         for index in range(args.count)
     ]  # fmt: skip

@@ -1,10 +1,13 @@
 """The simulator's engine loop: continuous batching over a paged, prefix-cached KV pool.
 
 Each step runs every decoding sequence one token forward and spends what is left
-of ``max_num_batched_tokens`` on prefill chunks, oldest request first (chunked
-prefill). The step lasts as long as the profile says for that batch shape, then
-its tokens are emitted. When KV runs out mid-decode the newest running request is
-preempted: its blocks are freed and it waits to be recomputed, as in vLLM.
+of ``max_num_batched_tokens`` on prefill chunks: the running requests' first, then
+waiting ones in order (chunked prefill). The step lasts as long as the profile says
+for that batch shape, then its tokens are emitted. When KV runs out mid-decode a
+running request is preempted: its blocks are freed and it waits to be recomputed, as
+in vLLM. The order is vLLM's ``--scheduling-policy``: ``fcfs`` takes waiting requests
+oldest first and preempts the newest; ``priority`` takes them by (``priority``,
+arrival), lower first, and preempts the one last in that order.
 
 A producer (``hold_kv``) keeps a finished request's blocks under a lease until a
 consumer pulls them or the lease expires.
@@ -14,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
+from bisect import insort
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contracts.block_hashing import BlockHash, HashFn, block_hashes
+from contracts.workers import SchedulingPolicy
 from sim.kv_cache import Block, KVBlockPool
 from sim.profile import TimingProfile
 
@@ -38,6 +44,8 @@ class SimRequest:
     tokens: asyncio.Queue = field(default_factory=asyncio.Queue)  # int per token; None: end
     finish_reason: str | None = None
     response_id: str = ""  # what the client sees: vLLM's cmpl-<X-Request-Id>
+    priority: int = 0  # vLLM's request priority: lower goes first (policy "priority")
+    arrival: int = 0  # set by the engine: ties between equal priorities go oldest first
 
     @property
     def prefilled(self) -> bool:
@@ -78,8 +86,11 @@ class SimEngine:
         root_hash: BlockHash,
         lease_s: float,
         clock: Callable[[], float],
+        scheduling_policy: SchedulingPolicy = "fcfs",
     ) -> None:
         self.profile = profile
+        self.scheduling_policy = scheduling_policy
+        self._arrivals = itertools.count()
         self.pool = KVBlockPool(num_blocks=profile.num_blocks, block_size=profile.block_size_tokens)
         self.stats = EngineStats()
         self.slowdown = 1.0  # fault injection: multiply every step's time
@@ -105,8 +116,18 @@ class SimEngine:
 
     def add(self, request: SimRequest) -> None:
         request.hashes = self.prompt_hashes(request.prompt_token_ids)
-        self.waiting.append(request)
+        request.arrival = next(self._arrivals)
+        self._wait(request)
         self._wakeup.set()
+
+    def _order(self, request: SimRequest) -> tuple[int, int]:
+        """Under the priority policy, waiting requests go in this order, and the running
+        one last in it is preempted first."""
+        first = request.priority if self.scheduling_policy == "priority" else 0
+        return first, request.arrival
+
+    def _wait(self, request: SimRequest) -> None:
+        insort(self.waiting, request, key=self._order)
 
     def abort(self, request: SimRequest) -> None:
         if request in self.waiting:
@@ -212,12 +233,16 @@ class SimEngine:
         return True
 
     def _room_for_next_token(self, request: SimRequest) -> bool:
-        """Ensure a slot for one more token, preempting the newest others if needed."""
+        """Ensure a slot for one more token, preempting others (``_order``) if needed."""
         length = len(request.prompt_token_ids) + request.generated + 1
         while len(request.blocks) * self.pool.block_size < length:
             if self.pool.grow(request.blocks):
                 continue
-            victim = self.running[-1]
+            victim = (
+                max(self.running, key=self._order)
+                if self.scheduling_policy == "priority"
+                else self.running[-1]  # vLLM's fcfs: the last taken into the batch
+            )
             self._preempt(victim)
             if victim is request:
                 return False
@@ -228,7 +253,10 @@ class SimEngine:
         self.pool.free(request.blocks)
         request.computed_tokens = 0
         request.kv_pulled = False  # pulled KV is gone with the blocks: recompute
-        self.waiting.appendleft(request)
+        if self.scheduling_policy == "priority":
+            self._wait(request)  # by its own order again
+        else:
+            self.waiting.appendleft(request)  # vLLM's fcfs: it goes next
         self.stats.preemptions += 1
 
     def _complete(

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from contracts.block_hashing import engine_hash_seed, hash_function, none_hash
 from contracts.tokenization import ModelTokenizer, load_tokenizer
+from contracts.workers import SchedulingPolicy
 from sim import DEFAULT_MAX_MODEL_LEN
 from sim.engine import SimEngine, SimRequest
 from sim.faults import SimFaults
@@ -60,6 +61,8 @@ class SimConfig:
     admin_token: str | None = None
     # vLLM's --stream-interval: tokens per streamed chunk (a request may ask for more).
     stream_interval: int = 1
+    # vLLM's --scheduling-policy: "priority" orders waiting requests by their `priority`.
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
 
 class SimServer:
@@ -74,6 +77,7 @@ class SimServer:
             root_hash=none_hash(hash_fn, engine_hash_seed(os.environ)),  # as vLLM
             lease_s=config.kv_lease_s,
             clock=time.monotonic,
+            scheduling_policy=config.scheduling_policy,
         )
         self.metrics = SimMetrics(self.engine, config.served_model_name)
         self._session: aiohttp.ClientSession | None = None
@@ -226,6 +230,7 @@ class SimServer:
             body = await http.json()
             prompt_ids = self.tokenizer.request_ids(body, chat=chat)
             interval = stream_interval(self.config.stream_interval, body.get("stream_interval"))
+            priority = int(body.get("priority") or 0)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"invalid request: {error}")
         kv_params = body.get("kv_transfer_params") or {}
@@ -245,6 +250,7 @@ class SimServer:
             output_token_ids=output_ids(
                 self.tokenizer, int(body.get("seed") or self.config.seed), prompt_ids, max_tokens
             ),
+            priority=priority,
         )
         if kv_params.get("do_remote_decode") and self.config.role == "kv_producer":
             request.hold_kv = True

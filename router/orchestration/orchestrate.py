@@ -83,6 +83,15 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
+def engine_json(body: dict[str, Any], request: PreparedRequest, worker: WorkerState) -> bytes:
+    """The body as ``worker``'s engine gets it: an engine that schedules by priority is
+    told the request's class (lower goes first, so batch lines wait behind interactive
+    work there too, and are preempted first); a first-come engine is told nothing."""
+    if worker.registration.scheduling_policy == "priority":
+        body = {**body, "priority": request.priority}
+    return json.dumps(body).encode()
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -253,7 +262,7 @@ class Orchestrator:
     async def _prefill_phase(
         self, request: PreparedRequest, pool: Sequence[WorkerState], blocks: PromptBlocks
     ) -> KVHandoff:
-        body = json.dumps(prefill_body(request.body)).encode()
+        prefill = prefill_body(request.body)
         tried: list[str] = []
         failures: list[str] = []
         for attempt in range(1 + self._timeouts.prefill_retries):
@@ -271,7 +280,7 @@ class Orchestrator:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
                                       deadline_s=request.prefill_deadline_s):  # fmt: skip
                     payload = await self._engines.post_json(
-                        worker.engine_url + request.path, body,
+                        worker.engine_url + request.path, engine_json(prefill, request, worker),
                         timeout_s=self._timeouts.prefill_timeout_s,
                     )  # fmt: skip
                 handoff = _handoff_in(payload, issued_at_s=self._clock(), networks=self._networks)
@@ -375,7 +384,7 @@ class Orchestrator:
     ) -> Response:
         worker = decision.worker
         transcript = self._transcript(request)
-        payload, client_wants_usage = _engine_payload(request, handoff, transcript)
+        payload, client_wants_usage = _engine_payload(request, worker, handoff, transcript)
         # A decode that pulls KV computes nothing; otherwise the worker prefills.
         own = 0 if handoff is not None else decision.uncached_tokens
         mark = None if handoff is not None else self._prefill_sent(worker.worker_id)
@@ -539,7 +548,6 @@ class Orchestrator:
         continuation: Continuation,
         seat: _Seat,
     ) -> tuple[EngineConnection, bytes] | None:
-        body = json.dumps(continuation.body).encode()
         output_tokens = continuation.output_tokens
         tried = [seat.worker.worker_id]
         # Another decode worker computes the longer prompt itself; then any other worker.
@@ -556,7 +564,8 @@ class Orchestrator:
                 ticket = self._load.begin(worker.worker_id, own, kv_tokens=own + output_tokens)
                 try:
                     opened = await self._engines.open_stream(
-                        worker.engine_url + continuation.path, body,
+                        worker.engine_url + continuation.path,
+                        engine_json(continuation.body, request, worker),
                         first_byte_timeout_s=self._timeouts.first_token_timeout_s,
                         idle_timeout_s=self._timeouts.stream_idle_timeout_s,
                     )  # fmt: skip
@@ -608,8 +617,9 @@ class _Seat:
 
 
 def _engine_payload(
-    request: PreparedRequest, handoff: KVHandoff | None, transcript: Transcript | None
-) -> tuple[bytes, bool]:
+    request: PreparedRequest, worker: WorkerState, handoff: KVHandoff | None,
+    transcript: Transcript | None,
+) -> tuple[bytes, bool]:  # fmt: skip
     """What the answering engine gets, and whether the client asked for usage."""
     body, client_wants_usage = request.body, True
     if request.stream:  # the token counters need usage; the client gets it only if asked
@@ -618,7 +628,7 @@ def _engine_payload(
         body = Transcript.engine_body(body)
     if handoff is not None:
         body = {**body, "kv_transfer_params": handoff.to_decode_params()}
-    return json.dumps(body).encode(), client_wants_usage
+    return engine_json(body, request, worker), client_wants_usage
 
 
 def _handoff_in(payload: bytes, *, issued_at_s: float, networks: WorkerNetworks) -> KVHandoff:

@@ -129,6 +129,8 @@ def prepare(
     served = aliases.get(parsed.model, parsed.model)
     if served != parsed.model:
         body = {**body, "model": served}  # engines know the served name only
+    if "priority" in body:  # vLLM's: the router sets it from the request's class, not the client
+        body = {key: value for key, value in body.items() if key != "priority"}
     if served not in served_models:
         raise NotFound(
             f"model {parsed.model!r} is not served here; see GET /v1/models",

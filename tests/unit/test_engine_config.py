@@ -147,3 +147,15 @@ def test_stream_interval_reaches_vllm_and_the_sim_by_their_flag():
     parser = argparse.ArgumentParser()
     sim_cli.add_arguments(parser)
     assert parser.parse_args(sim_argv[4:]).stream_interval == 8
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_the_scheduling_policy_reaches_vllm_and_the_sim_and_priority_is_the_default(policy):
+    assert spec().scheduling_policy == "priority"
+    vllm_argv = spec(scheduling_policy=policy).argv()
+    assert vllm_argv[vllm_argv.index("--scheduling-policy") + 1] == policy
+    facts = SimFacts(block_size_tokens=16, kv_capacity_tokens=1024, max_model_len=512)
+    sim_argv = spec(engine="sim", sim_facts=facts, scheduling_policy=policy).argv()
+    parser = argparse.ArgumentParser()
+    sim_cli.add_arguments(parser)
+    assert parser.parse_args(sim_argv[4:]).scheduling_policy == policy
