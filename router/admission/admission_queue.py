@@ -1,11 +1,13 @@
 """One model's prefill queue, bounded in uncached prompt tokens, with priority and fairness.
 
 Invariants:
-- ``admitted_tokens`` (granted, not yet released) stays within ``limit_tokens``, and
-  within a request's own lower limit if it has one (a batch line's: it runs only while
-  little prefill work is ahead, ``batch_prefill_share``), except that one request is
-  always admitted into an empty queue, however large (else a prompt over the limit could
-  never run);
+- ``admitted_tokens`` (granted, not yet released) stays within ``limit_tokens``, except
+  that one request is always admitted into an empty queue, however large (else a prompt
+  over the limit could never run);
+- requests with a limit of their own (batch lines: ``batch_prefill_share``) are granted
+  only while the tokens admitted under such limits (``limited_tokens``) stay within it,
+  one always allowed when none is admitted: however much batch work waits, it holds at
+  most that much of the engines' queue;
 - a waiting request leaves by one of three doors: granted, its deadline passed
   (``QueueDeadline``), or its caller cancelled; none leaves a grant or a slot behind;
 - classes are strict (a waiting ``interactive`` request goes before any ``standard``);
@@ -46,21 +48,28 @@ class _Waiter:
     future: asyncio.Future[None] = field(repr=False)
     own_limit_tokens: int | None = None
 
+    @property
+    def limited(self) -> bool:
+        return self.own_limit_tokens is not None
+
 
 class Grant:
     """Admitted prefill tokens; ``release`` once the prefill is done (idempotent)."""
 
-    __slots__ = ("_queue", "cost", "tenant")
+    __slots__ = ("_queue", "cost", "limited", "tenant")
 
-    def __init__(self, queue: PrefillQueue | None, cost: int, tenant: str = "") -> None:
+    def __init__(
+        self, queue: PrefillQueue | None, cost: int, tenant: str = "", limited: bool = False
+    ) -> None:
         self._queue = queue
         self.cost = cost
         self.tenant = tenant
+        self.limited = limited  # granted under a limit of its own (a batch line)
 
     def release(self) -> None:
         queue, self._queue = self._queue, None
         if queue is not None:
-            queue._released(self.cost, self.tenant)
+            queue._released(self.cost, self.tenant, self.limited)
 
 
 class PrefillQueue:
@@ -68,6 +77,7 @@ class PrefillQueue:
         self._max_waiting = max_waiting
         self._clock = clock
         self.admitted_tokens = 0
+        self.limited_tokens = 0  # of those, granted under a limit of their own
         self.limit_tokens = 0
         self._classes: dict[int, dict[str, deque[_Waiter]]] = {}
         self._virtual: dict[tuple[int, str], float] = {}
@@ -112,11 +122,12 @@ class PrefillQueue:
         deadline_s: float, own_limit_tokens: int | None = None,
     ) -> Grant:  # fmt: skip
         """Wait for a grant of ``cost`` tokens; ``own_limit_tokens``: granted only while
-        the admitted tokens stay within this too."""
+        the tokens admitted under such limits stay within this too."""
         self.limit_tokens = limit_tokens
+        limited = own_limit_tokens is not None
         if self._waiting == 0 and self._fits(cost, own_limit_tokens):
-            self._admit(tenant, weight, cost)
-            return Grant(self, cost, tenant)
+            self._admit(tenant, weight, cost, limited)
+            return Grant(self, cost, tenant, limited)
         if self._waiting >= self._max_waiting:
             raise QueueFull(f"{self._waiting} requests already wait (max_queued_requests)")
         self._arrivals += 1
@@ -130,7 +141,7 @@ class PrefillQueue:
             self._leave(priority, waiter)
             raise
         if waiter.future.done():
-            return Grant(self, cost, tenant)
+            return Grant(self, cost, tenant, limited)
         self._leave(priority, waiter)
         raise QueueDeadline("the request's TTFT deadline passed while it waited")
 
@@ -149,19 +160,23 @@ class PrefillQueue:
         return any(tokens > per_weight * w for t, (tokens, w) in self._admitted_by.items()
                    if t != tenant)  # fmt: skip
 
-    def _admit(self, tenant: str, weight: float, cost: int) -> None:
+    def _admit(self, tenant: str, weight: float, cost: int, limited: bool) -> None:
         self.admitted_tokens += cost
+        self.limited_tokens += cost if limited else 0
         held = self._admitted_by.setdefault(tenant, [0.0, weight])
         held[0] += cost
         held[1] = weight
 
     def _fits(self, cost: int, own_limit_tokens: int | None = None) -> bool:
-        limit = (
-            self.limit_tokens
-            if own_limit_tokens is None
-            else min(self.limit_tokens, own_limit_tokens)
+        if self.admitted_tokens == 0:
+            return True
+        if self.admitted_tokens + cost > self.limit_tokens:
+            return False
+        return (
+            own_limit_tokens is None
+            or self.limited_tokens == 0
+            or self.limited_tokens + cost <= own_limit_tokens
         )
-        return self.admitted_tokens == 0 or self.admitted_tokens + cost <= limit
 
     def _join(self, priority: int, waiter: _Waiter) -> None:
         tenants = self._classes.setdefault(priority, {})
@@ -177,7 +192,7 @@ class PrefillQueue:
         """Take a waiter out (deadline or cancel); a grant made meanwhile is given back."""
         if waiter.future.done():
             if not waiter.future.cancelled():
-                self._released(waiter.cost, waiter.tenant)
+                self._released(waiter.cost, waiter.tenant, waiter.limited)
             return
         waiter.future.cancel()
         queue = self._classes.get(priority, {}).get(waiter.tenant)
@@ -197,8 +212,9 @@ class PrefillQueue:
             if not tenants:
                 del self._classes[priority]
 
-    def _released(self, cost: int, tenant: str) -> None:
+    def _released(self, cost: int, tenant: str, limited: bool) -> None:
         self.admitted_tokens -= cost
+        self.limited_tokens -= cost if limited else 0
         held = self._admitted_by.get(tenant)
         if held is not None:
             held[0] -= cost
@@ -221,5 +237,5 @@ class PrefillQueue:
             self.waiting_tokens -= head.cost
             self._virtual[(priority, tenant)] += head.cost / head.weight
             self._drop_if_empty(priority, tenant)
-            self._admit(head.tenant, head.weight, head.cost)
+            self._admit(head.tenant, head.weight, head.cost, head.limited)
             head.future.set_result(None)

@@ -164,7 +164,7 @@ class Admission:
         """The one entry point for a choice: refuse before tokenizing if the queue alone
         makes it late; for a long prompt that could be refused, measure its head and
         refuse on that; else measure it whole and admit or refuse it. Raises to refuse."""
-        self._yield_to_waiting(request)  # a batch line refused before any tokenizing
+        self._yield_to_waiting(request, pools)  # a batch line refused before any tokenizing
         head = None
         if (
             self.precheck(request, pools)
@@ -259,12 +259,13 @@ class Admission:
         forecast = self._forecast(request, pools, lacking, lacking)
         self._refuse_if_past_slo_alone(request, forecast)
         self._refuse_if_late(request, pools, forecast)
-        self._yield_to_waiting(request)  # again: interactive work may wait since tokenizing
+        self._yield_to_waiting(request, pools)  # again: other work may have come meanwhile
         line_s = self._line_s(request, forecast)
         grant = await self._queue(request, pools.first_hop, forecast, line_s)
         try:
             # Again after the wait, with nothing awaited between this and the decode pick:
             # the room seen before queueing may have been taken meanwhile.
+            self._yield_to_waiting(request, pools)
             self._check_decode_room(request, decode_pool, blocks, output)
         except Overloaded:
             grant.release()
@@ -339,18 +340,25 @@ class Admission:
                 wait_s=1.0,
             )  # fmt: skip
 
-    def _yield_to_waiting(self, request: PreparedRequest) -> None:
+    def _yield_to_waiting(self, request: PreparedRequest, pools: Pools) -> None:
         """A yielding request (a batch line) is refused at once (429 ``batch_yields``)
         while a request of a higher class waits in the router's queue, or within
-        ``_YIELD_AFTER_S`` of one refused for want of room: interactive traffic needs the
-        room, and the batch's runner sends the line again shortly. Else it may enter
-        the queue, granted only while little prefill work is ahead (``_own_limit_tokens``)."""
+        ``_YIELD_AFTER_S`` of one refused for want of room, or while every first-hop
+        worker is prefilling other work: interactive traffic needs the room, and the
+        batch's runner sends the line again shortly. Else it may enter the queue, where
+        batch work holds at most ``_own_limit_tokens`` of the engines' queue."""
         if not request.yields:
             return
         queue = self._queues.get(request.model)
         pressed_s = self._clock() - self._pressed_at_s.get(request.model, -math.inf)
-        if pressed_s < _YIELD_AFTER_S or (
-            queue is not None and queue.waiting_above(request.priority)
+        busy = bool(pools.first_hop) and all(
+            (load := self._load.of(w.worker_id)).tokens > load.yielding_tokens
+            for w in pools.first_hop
+        )
+        if (
+            pressed_s < _YIELD_AFTER_S
+            or busy
+            or (queue is not None and queue.waiting_above(request.priority))
         ):
             raise self._refused(
                 request, "batch_yields",
@@ -360,9 +368,9 @@ class Admission:
 
     def _own_limit_tokens(self, request: PreparedRequest, first_hop: Sequence[WorkerState]
                           ) -> int | None:  # fmt: skip
-        """A yielding request's own queue limit: ``batch_prefill_share`` of the TTFT
-        target's worth of prefill at the pool's rate. An interactive prompt arriving
-        behind batch lines so granted waits at most about that long for them."""
+        """A yielding request's own queue limit: batch work in the engines' queue stays
+        within ``batch_prefill_share`` of the TTFT target's worth of prefill at the pool's
+        rate. An interactive prompt arriving behind it waits at most about that long."""
         if not request.yields:
             return None
         rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)

@@ -278,7 +278,8 @@ class Orchestrator:
             mark = self._prefill_sent(worker.worker_id)
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
-                                      deadline_s=request.prefill_deadline_s):  # fmt: skip
+                                      deadline_s=request.prefill_deadline_s,
+                                      yields=request.yields):  # fmt: skip
                     payload = await self._engines.post_json(
                         worker.engine_url + request.path, engine_json(prefill, request, worker),
                         timeout_s=self._timeouts.prefill_timeout_s,
@@ -393,7 +394,7 @@ class Orchestrator:
         kv_tokens = decision.uncached_tokens + request.max_output_tokens
         ticket = self._load.begin(
             worker.worker_id, own, kv_tokens=kv_tokens,
-            deadline_s=request.prefill_deadline_s if own else None,
+            deadline_s=request.prefill_deadline_s if own else None, yields=request.yields,
         )  # fmt: skip
 
         def first_byte(at_s: float) -> None:

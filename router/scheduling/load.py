@@ -29,6 +29,7 @@ class InFlight:
     requests: int = 0
     tokens: int = 0  # uncached prompt tokens sent and not yet prefilled: the prefill queue
     kv_tokens: int = 0  # KV reserved on a decode-side worker: prompt + max output, per request
+    yielding_tokens: int = 0  # of ``tokens``, batch lines' (requests that yield to the rest)
     # (deadline_s, ticket number) of prefills under way; departed ones leave lazily.
     _deadlines: list[tuple[float, int]] = field(default_factory=list, init=False, repr=False)
     _departed: set[int] = field(default_factory=set, init=False, repr=False)
@@ -56,30 +57,37 @@ _IDLE = InFlight()
 
 
 class Ticket:
-    __slots__ = ("_deadline", "_kv_tokens", "_load", "_tokens")
+    __slots__ = ("_deadline", "_kv_tokens", "_load", "_tokens", "_yields")
 
     def __init__(
-        self, load: InFlight, tokens: int, kv_tokens: int = 0, deadline_s: float | None = None
-    ) -> None:
+        self, load: InFlight, tokens: int, kv_tokens: int = 0, deadline_s: float | None = None,
+        yields: bool = False,
+    ) -> None:  # fmt: skip
         self._load: InFlight | None = load
         self._tokens = tokens
         self._kv_tokens = kv_tokens
+        self._yields = yields
         self._deadline = None if deadline_s is None else load._add_deadline(deadline_s)
         load.requests += 1
-        load.tokens += tokens
         load.kv_tokens += kv_tokens
+        self._count_tokens(load, tokens)
+
+    def _count_tokens(self, load: InFlight, tokens: int) -> None:
+        load.tokens += tokens
+        if self._yields:
+            load.yielding_tokens += tokens
 
     def prefilled(self) -> None:
         """The first token came: the prompt no longer waits in the worker's prefill queue."""
         if self._load is not None:
-            self._load.tokens -= self._tokens
+            self._count_tokens(self._load, -self._tokens)
             self._leave_deadline(self._load)
         self._tokens = 0
 
     def end(self) -> None:
         if self._load is not None:
             self._load.requests -= 1
-            self._load.tokens -= self._tokens
+            self._count_tokens(self._load, -self._tokens)
             self._load.kv_tokens -= self._kv_tokens
             self._leave_deadline(self._load)
             self._load = None
@@ -113,13 +121,15 @@ class InFlightLoad:
         return self._by_worker.get(worker_id, _IDLE)
 
     def begin(
-        self, worker_id: str, tokens: int, kv_tokens: int = 0, *, deadline_s: float | None = None
-    ) -> Ticket:
-        """``deadline_s``: when this prefill must end (None: it has no deadline)."""
+        self, worker_id: str, tokens: int, kv_tokens: int = 0, *,
+        deadline_s: float | None = None, yields: bool = False,
+    ) -> Ticket:  # fmt: skip
+        """``deadline_s``: when this prefill must end (None: it has no deadline);
+        ``yields``: a batch line's, counted in ``yielding_tokens`` too."""
         load = self._by_worker.get(worker_id)
         if load is None:
             load = self._by_worker[worker_id] = InFlight()
-        return Ticket(load, tokens, kv_tokens, deadline_s)
+        return Ticket(load, tokens, kv_tokens, deadline_s, yields)
 
     def forget(self, worker_id: str) -> None:
         """The worker left; tickets still open on it end harmlessly on a detached record."""
@@ -127,6 +137,6 @@ class InFlightLoad:
 
     def snapshot(self) -> dict[str, InFlight]:
         return {
-            w: InFlight(load.requests, load.tokens, load.kv_tokens)
+            w: InFlight(load.requests, load.tokens, load.kv_tokens, load.yielding_tokens)
             for w, load in self._by_worker.items()
         }

@@ -87,32 +87,36 @@ class Rig:
         )
 
 
-def test_a_batch_line_yields_while_interactive_work_waits_and_runs_behind_little_work():
+def test_a_batch_line_yields_to_waiting_or_prefilling_work_and_holds_little_of_the_queue():
     # Queue limit 1000 tokens; batch_prefill_share 0.05 of the 2 s target at 1000 tokens/s:
-    # a batch line is granted only while admitted + its cost stay within 100 tokens.
+    # batch lines together hold at most 100 tokens of it (one always, when none is held).
     rig = Rig(prefill_queue_tokens_per_worker=1000)
 
     async def scene() -> None:
         admit = rig.admission.admit
         batch = lambda: rig.request(yields=True)  # noqa: E731
-        alone = await admit(batch(), rig.pools, PromptBlocks.unknown(300))  # idle pool
-        alone.grant.release()
-        held = await admit(rig.request(), rig.pools, PromptBlocks.unknown(300))
+        first = await admit(batch(), rig.pools, PromptBlocks.unknown(300))  # idle pool
         line = asyncio.create_task(admit(batch(), rig.pools, PromptBlocks.unknown(300)))
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not line.done()  # 300 + 300 ahead is over its 100
-        held.grant.release()
+        assert not line.done()  # 300 + 300 of batch work is over its 100
+        first.grant.release()
         (await asyncio.wait_for(line, 1)).grant.release()
+        prefilling = rig.load.begin("p", 300)  # other work under way on the only worker
+        with pytest.raises(Overloaded) as refused:
+            await admit(batch(), rig.pools, PromptBlocks.unknown(50))
+        assert refused.value.code == "batch_yields" and refused.value.retry_after_s == 1
+        prefilling.end()
         full = await admit(rig.request(), rig.pools, PromptBlocks.unknown(900))
         waiter = asyncio.create_task(admit(rig.request(), rig.pools, PromptBlocks.unknown(200)))
         for _ in range(20):  # no clock involved: until it waits in the queue
             await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:  # an interactive request waits
             await admit(batch(), rig.pools, PromptBlocks.unknown(50))
-        assert refused.value.code == "batch_yields" and refused.value.retry_after_s == 1
+        assert refused.value.code == "batch_yields"
         full.grant.release()
         (await asyncio.wait_for(waiter, 1)).grant.release()
+        (await admit(batch(), rig.pools, PromptBlocks.unknown(50))).grant.release()
 
     asyncio.run(scene())
 

@@ -168,24 +168,32 @@ async def test_a_tenant_within_its_share_beside_one_over_its_own_is_sheltered():
     assert not queue.sheltered("noisy", 1.0, 100, 1000)  # alone, there is nobody to blame
 
 
-async def test_a_request_with_its_own_lower_limit_waits_for_little_work_ahead():
-    # A batch line: granted only while admitted + its cost is within 30, of a 100 limit;
-    # alone on an idle queue it runs whatever its cost.
+async def test_batch_lines_hold_at_most_their_own_limit_of_the_queue():
+    # Batch lines: together granted at most 30 of a 100 limit, one always when none is
+    # admitted, whatever its cost; other work is not held back by their limit.
     queue = PrefillQueue(max_waiting=10, clock=Clock())
-    alone = await queue.enter(tenant="jobs", priority=2, weight=1.0, cost=50, limit_tokens=100,
-                              deadline_s=FAR, own_limit_tokens=30)  # fmt: skip
+
+    def line(cost: int):
+        return queue.enter(tenant="jobs", priority=2, weight=1.0, cost=cost, limit_tokens=100,
+                           deadline_s=FAR, own_limit_tokens=30)  # fmt: skip
+
+    alone = await line(50)
     alone.release()
     ahead = await enter(queue, "app", 20)
-    line = asyncio.create_task(queue.enter(tenant="jobs", priority=2, weight=1.0, cost=20,
-                                           limit_tokens=100, deadline_s=FAR,
-                                           own_limit_tokens=30))  # fmt: skip
+    first = await line(20)  # no batch work admitted: it goes beside the other work
+    assert first.limited and queue.limited_tokens == 20
+    second = asyncio.create_task(line(20))
     await settle()
-    assert not line.done() and queue.waiting == 1
+    assert not second.done() and queue.waiting == 1  # 40 of batch work would be over 30
     assert not queue.waiting_above(2) and queue.waiting_above(3)  # it is class 2
-    other = await enter(queue, "app", 50)  # a higher class: within the queue's own limit
-    assert queue.admitted_tokens == 70
+    other = await enter(queue, "app", 50)  # a higher class: only the queue's limit holds it
+    assert (queue.admitted_tokens, queue.limited_tokens) == (90, 20)
     ahead.release()
     other.release()
     await settle()
-    assert line.done() and queue.admitted_tokens == 20
-    (await line).release()
+    assert not second.done()  # other work going changes nothing: batch work is at its limit
+    first.release()
+    await settle()
+    assert second.done() and (queue.admitted_tokens, queue.limited_tokens) == (20, 20)
+    (await second).release()
+    assert (queue.admitted_tokens, queue.limited_tokens) == (0, 0)

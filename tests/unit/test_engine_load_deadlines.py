@@ -37,3 +37,18 @@ def test_many_prefills_ending_out_of_order_leave_the_right_minimum_and_no_residu
     for _, ticket in open_tickets.values():
         ticket.end()
     assert load.of("w").earliest_deadline_s() is None and load.of("w").tokens == 0
+
+
+def test_batch_lines_prefill_tokens_are_counted_apart_until_prefilled_or_ended():
+    load = InFlightLoad()
+    line = load.begin("w", 300, yields=True)
+    other = load.begin("w", 100)
+    assert (load.of("w").tokens, load.of("w").yielding_tokens) == (400, 300)
+    line.prefilled()
+    assert (load.of("w").tokens, load.of("w").yielding_tokens) == (100, 0)
+    line.end()
+    other.end()
+    again = load.begin("w", 50, yields=True)
+    again.end()
+    assert (load.of("w").tokens, load.of("w").yielding_tokens, load.of("w").requests) == (0, 0, 0)
+    assert load.snapshot()["w"].yielding_tokens == 0
