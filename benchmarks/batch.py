@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -213,6 +214,7 @@ def mixed(name: str, profile: Path, work: Path, schedule: list[Scheduled], besid
            **dict(item.split("=", 1) for item in args.router_env), **(env or {})}  # fmt: skip
     span_s = max(item.send_at_s for item in schedule)
     with cluster(name, profile, work, env, args) as local:
+        busy_before = prefill_busy_s(local)
 
         async def both() -> tuple[list[RequestResult], dict | None]:
             url = local.router_url
@@ -225,19 +227,32 @@ def mixed(name: str, profile: Path, work: Path, schedule: list[Scheduled], besid
             )
 
         results, batch = asyncio.run(both())
+        busy_after = prefill_busy_s(local)
+        busy_s = [after - before for before, after in zip(busy_before, busy_after, strict=True)]
         router = scrape(local.router_url + "/metrics")
     refusals = Counter()  # the router's own, interactive and batch lines alike
     for metric, labels, value in router:
         if metric == "pdserve_admission_rejections_total":
             refusals[labels["reason"]] += value
     out = {"interactive": interactive_summary(results), "span_s": span_s, "batch": batch,
-           "router_refusals": dict(refusals), "results": results}  # fmt: skip
+           "router_refusals": dict(refusals), "results": results,
+           # Each prefill sim's time in engine steps over the run, of the run's span.
+           "prefill_busy": [round(b / span_s, 3) for b in busy_s]}  # fmt: skip
     print(
         f"  [{name}] interactive {out['interactive']['succeeded']}/{len(results)} ok, "
         f"TTFT p99 {out['interactive']['ttft_ms']['p99']:.0f} ms",
         flush=True,
     )
     return out
+
+
+def prefill_busy_s(local: LocalCluster) -> list[float]:
+    """Each prefill sim's seconds in engine steps so far (the sim's own counter)."""
+    return [
+        sum(value for metric, _, value in scrape(w.engine_url + "/metrics")
+            if metric == "sim:engine_busy_seconds_total")
+        for w in local.workers if w.role == "prefill"
+    ]  # fmt: skip
 
 
 def lines_per_s(trace: list[tuple], span_s: float, total: int) -> float:
@@ -304,7 +319,8 @@ def summarise(parts: dict, args: argparse.Namespace) -> dict:
                "ttft_p50_ms": run["interactive"]["ttft_ms"]["p50"],
                "itl_p99_ms": run["interactive"]["itl_ms"]["p99"],
                "interactive_ok": run["interactive"]["succeeded"],
-               "interactive_refused": run["interactive"]["refused_by_status"]}  # fmt: skip
+               "interactive_refused": run["interactive"]["refused_by_status"],
+               "prefill_busy": statistics.fmean(run["prefill_busy"])}  # fmt: skip
         if run["batch"]:
             done_per_s = lines_per_s(run["batch"]["trace"], run["span_s"], args.lines)
             row |= {"batch_lines_per_s": done_per_s, "room_used": done_per_s / room,
@@ -379,18 +395,19 @@ def markdown(report: dict) -> str:
         f"{s['interactive_served_rps']:.2f}/s, which leaves room for "
         f"{s['room_lines_per_s']:.2f} batch lines/s.", "",
         "| run | TTFT p50 ms | TTFT p99 ms | p99 / alone | ITL p99 ms | interactive ok | refused | "
-        "batch lines/s | of the room |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "prefill busy | batch lines/s | of the room |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, row in s["rows"].items():
         out.append(
             f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | "
             f"{row['ttft_p99_ratio']:.2f} | {row['itl_p99_ms']:.0f} | {row['interactive_ok']} | "
-            f"{sum(row['interactive_refused'].values())} | {row.get('batch_lines_per_s', 0):.2f} | "
-            f"{row['room_used']:.0%} |" if "room_used" in row else
+            f"{sum(row['interactive_refused'].values())} | {row['prefill_busy']:.0%} | "
+            f"{row.get('batch_lines_per_s', 0):.2f} | {row['room_used']:.0%} |"
+            if "room_used" in row else
             f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | 1.00 | "
             f"{row['itl_p99_ms']:.0f} | {row['interactive_ok']} | "
-            f"{sum(row['interactive_refused'].values())} | | |"
+            f"{sum(row['interactive_refused'].values())} | {row['prefill_busy']:.0%} | | |"
         )  # fmt: skip
     d = s["deadline"]
     out += ["", f"Deadline: a {report['settings']['lines']}-line batch with a {d['window_s']}-s "
@@ -414,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--document-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--naive-concurrency", type=int, default=16)
-    parser.add_argument("--other-shares", nargs="*", default=["0.25", "1.0"],
+    parser.add_argument("--other-shares", nargs="*", default=["0.05", "1.0"],
                         help="batch_prefill_share values to run the tier at too")  # fmt: skip
     parser.add_argument("--window", default="20s")
     parser.add_argument("--deadline-run-s", type=float, default=40.0)

@@ -595,13 +595,13 @@ class AdmissionSettings(_Group):
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
     batch_prefill_share: float = Field(
-        0.05, gt=0, le=1,
-        description="Batch lines get the prefill queue only while the prefill work admitted "
-        "and not yet done is within this fraction of the TTFT target at the pool's rate "
-        "(one always runs on an idle pool), and never while an interactive request waits "
-        "or within a second of one refused for want of room (429 `batch_yields`: the "
-        "line tries again shortly). An interactive prompt arriving behind batch lines "
-        "waits at most about that long for them.",
+        0.25, gt=0, le=1,
+        description="Batch lines together hold at most this fraction of the TTFT target's "
+        "worth of prefill (at the pool's rate) in the engines' queue (one always may). "
+        "They get none while an interactive request waits, while every prefill worker is "
+        "prefilling other work, or within a second of a request refused for want of room "
+        "(429 `batch_yields`: the line tries again shortly). An interactive prompt "
+        "arriving behind batch lines waits at most about that long for them.",
     )  # fmt: skip
     batch_queue_wait_s: float = Field(
         30.0, gt=0, le=3600,

@@ -63,7 +63,8 @@ class Lease:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters with vLLM's meaning; the server exposes them under vLLM's names."""
+    """Counters with vLLM's meaning; the server exposes them under vLLM's names (and
+    ``busy_s``, which vLLM lacks, under the sim's own)."""
 
     prompt_tokens_by_source: Counter = field(default_factory=Counter)
     generation_tokens: int = 0
@@ -75,6 +76,7 @@ class EngineStats:
     finished: Counter = field(default_factory=Counter)
     preemptions: int = 0
     steps: int = 0
+    busy_s: float = 0.0  # the sim's own (vLLM has none): seconds spent in steps
 
 
 class SimEngine:
@@ -169,6 +171,7 @@ class SimEngine:
                 decode_context_tokens=sum(len(r.prompt_token_ids) + r.generated for r in decoding),
             )
             await asyncio.sleep(step_s * self.slowdown)
+            self.stats.busy_s += step_s * self.slowdown
             self._complete(prefill_chunks, decoding)
             self.publish_events(self.pool.take_events())
 

@@ -114,6 +114,9 @@ class _EngineCollector(Collector):
         yield counter("vllm:prefix_cache_hits", "Prompt tokens found cached",
                       stats.prefix_cache_hits)  # fmt: skip
         yield counter("vllm:num_preemptions", "Requests preempted", stats.preemptions)
+        # The sim's own: how busy the engine was, which a benchmark reads to tell idle time.
+        yield counter("sim:engine_busy_seconds", "Seconds the engine spent in steps",
+                      stats.busy_s)  # fmt: skip
         yield counter("vllm:external_prefix_cache_queries", "Prompt tokens asked of the KV "
                       "connector", stats.external_prefix_cache_queries)  # fmt: skip
         yield counter("vllm:external_prefix_cache_hits", "Prompt tokens pulled by the KV "

@@ -253,6 +253,7 @@ class Orchestrator:
             key, role, pool, blocks, tried,
             kv_output_tokens=None if role is WorkerRole.PREFILL else request.max_output_tokens,
             prefill_deadline_s=request.prefill_deadline_s if first_hop else None,
+            yields=request.yields and first_hop,
         )  # fmt: skip
         if decision is not None:
             policy = self._scheduler.policy_of(key)

@@ -84,9 +84,11 @@ class Scheduler:
         *,
         kv_output_tokens: int | None = None,
         prefill_deadline_s: float | None = None,
+        yields: bool = False,
     ) -> Decision | None:
         """``kv_output_tokens``: on the decode side, the output its KV must hold too.
-        ``prefill_deadline_s``: on the first hop, when the prefill must end."""
+        ``prefill_deadline_s``: on the first hop, when the prefill must end; ``yields``:
+        there, a batch line's."""
         if all(w.worker_id in exclude for w in workers):
             return None
         query = self._query(blocks)
@@ -100,6 +102,7 @@ class Scheduler:
             kv_overcommit=self._kv_overcommit, now_s=self._clock(),
             preemption_cooldown_s=self._preemption_cooldown_s,
             prefill_deadline_s=prefill_deadline_s, predict_prefill_s=self._predict_prefill_s,
+            yields=yields,
         )  # fmt: skip
         decision = choose(self.policy_of(routing_key), workers, context, self._load.of, exclude)
         if decision is None:

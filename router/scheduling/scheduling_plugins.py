@@ -88,6 +88,8 @@ class PickContext:
     # predicted prefill seconds of a candidate sent it now.
     prefill_deadline_s: float | None = None
     predict_prefill_s: Callable[[Candidate], float] | None = None
+    # First hop only: a batch line's (it yields to other work).
+    yields: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +124,8 @@ POLICIES: dict[str, Policy] = {
     "round_robin": Policy(("known_load", "kv_headroom"), "round_robin"),
     "least_loaded": Policy(("known_load", "kv_headroom"), "least_loaded"),
     "prefix_affinity": Policy(
-        ("known_load", "kv_headroom", "ttft_budget", "bounded_load"), "lowest_cost"
+        ("known_load", "kv_headroom", "spare_for_batch", "ttft_budget", "bounded_load"),
+        "lowest_cost",
     ),
 }
 
@@ -233,6 +236,16 @@ def _kv_headroom(candidates: list[Candidate], context: PickContext) -> list[Cand
         and not thrashing(c.worker, context.now_s, context.preemption_cooldown_s)
     ]  # fmt: skip
     return room or candidates
+
+
+@register_filter("spare_for_batch")
+def spare_for_batch(candidates: list[Candidate], context: PickContext) -> list[Candidate]:
+    """A batch line goes to a worker prefilling nothing but batch work, where it delays
+    no interactive prompt under way (admission lets it in only while one exists); none
+    left by the time it is placed: affinity chooses among all."""
+    if not context.yields:
+        return candidates
+    return [c for c in candidates if c.inflight.tokens == c.inflight.yielding_tokens] or candidates
 
 
 @register_filter("ttft_budget")

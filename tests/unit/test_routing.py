@@ -34,10 +34,10 @@ class Pipeline:
     token_floor: int = 0
     turn: int = 0
 
-    def pick(self, workers, query, inflight, exclude=()):
+    def pick(self, workers, query, inflight, exclude=(), yields=False):
         context = PickContext(
             query=query, turn=self.turn, weights=self.weights, epsilon=self.epsilon,
-            load_floor=self.load_floor, token_floor=self.token_floor,
+            load_floor=self.load_floor, token_floor=self.token_floor, yields=yields,
         )  # fmt: skip
         self.turn += 1
         return choose(self.policy, workers, context, inflight, exclude)
@@ -48,10 +48,11 @@ def affinity(epsilon: float = 0.25) -> Pipeline:
                     epsilon)  # fmt: skip
 
 
-def pick(pipeline, workers, matched, loads=None, prompt_tokens=10 * BLOCK, exclude=()):
+def pick(pipeline, workers, matched, loads=None, prompt_tokens=10 * BLOCK, exclude=(),
+         yields=False):  # fmt: skip
     loads = loads or {}
     query = RouteQuery(prompt_tokens=prompt_tokens, block_size=BLOCK, matched=matched)
-    return pipeline.pick(workers, query, lambda w: loads.get(w, InFlight()), exclude)
+    return pipeline.pick(workers, query, lambda w: loads.get(w, InFlight()), exclude, yields)
 
 
 def test_prefix_affinity_goes_where_the_prefix_is_cached():
@@ -59,6 +60,19 @@ def test_prefix_affinity_goes_where_the_prefix_is_cached():
     decision = pick(affinity(), workers, {"b": 8, "c": 2})
     assert (decision.worker.worker_id, decision.reason) == ("b", "prefix_hit")
     assert decision.uncached_tokens == 2 * BLOCK
+
+
+def test_a_batch_line_goes_where_no_other_prefill_is_under_way_despite_its_prefix():
+    workers = [worker("a"), worker("b"), worker("c")]
+    loads = {
+        "a": InFlight(requests=1, tokens=BLOCK),  # another request's prefill
+        "b": InFlight(requests=1, tokens=BLOCK, yielding_tokens=BLOCK),
+    }  # a batch line's
+    assert pick(affinity(), workers, {"a": 9, "b": 8}, loads).worker.worker_id == "a"
+    line = pick(affinity(), workers, {"a": 9, "b": 8}, loads, yields=True)
+    assert line.worker.worker_id == "b"  # the best hit left beside batch work only
+    everywhere = {w: InFlight(requests=1, tokens=BLOCK) for w in ("a", "b", "c")}
+    assert pick(affinity(), workers, {"a": 9}, everywhere, yields=True).worker.worker_id == "a"
 
 
 def test_a_worker_at_its_load_bound_loses_affinity_and_the_prefix_spills():
