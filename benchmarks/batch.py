@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--document-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--naive-concurrency", type=int, default=16)
-    parser.add_argument("--other-shares", nargs="*", default=["0.05", "1.0"],
+    parser.add_argument("--other-shares", nargs="*", default=["0.25", "1.0"],
                         help="batch_prefill_share values to run the tier at too")  # fmt: skip
     parser.add_argument("--window", default="20s")
     parser.add_argument("--deadline-run-s", type=float, default=40.0)

@@ -595,7 +595,7 @@ class AdmissionSettings(_Group):
     )
     ttft_slo_by_model: str = Field("", description="Per-model TTFT SLO, `model=seconds,...`.")
     batch_prefill_share: float = Field(
-        0.25, gt=0, le=1,
+        0.05, gt=0, le=1,
         description="Batch lines together hold at most this fraction of the TTFT target's "
         "worth of prefill (at the pool's rate) in the engines' queue (one always may). "
         "They get none while an interactive request waits, while every prefill worker is "
