@@ -599,9 +599,17 @@ class AdmissionSettings(_Group):
         description="Batch lines together hold at most this fraction of the TTFT target's "
         "worth of prefill (at the pool's rate) in the engines' queue (one always may). "
         "They get none while an interactive request waits, while every prefill worker is "
-        "prefilling other work, or within a second of a request refused for want of room "
-        "(429 `batch_yields`: the line tries again shortly). An interactive prompt "
-        "arriving behind batch lines waits at most about that long for them.",
+        "prefilling other work, or for `batch_yield_after_refusal_s` after a request "
+        "refused for want of room (429 `batch_yields`: the line tries again shortly). An "
+        "interactive prompt arriving behind batch lines waits at most about that long for "
+        "them.",
+    )  # fmt: skip
+    batch_yield_after_refusal_s: float = Field(
+        1.0, ge=0, le=60,
+        description="After another request is refused for want of room (a late forecast, "
+        "the queue, decode KV), batch lines yield (429 `batch_yields`) for this long: "
+        "about the time a burst takes to drain at the TTFT scale. 0: only while a "
+        "request waits or every prefill worker is busy with other work.",
     )  # fmt: skip
     batch_queue_wait_s: float = Field(
         30.0, gt=0, le=3600,

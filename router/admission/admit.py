@@ -32,14 +32,15 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    pool is idle, and else refused with 429 ``prompt_needs_idle_pool``;
    A batch line (``yields``) has no TTFT to keep, so none of this refuses it: it is
    refused at once (429 ``batch_yields``) while a higher class waits in the queue or
-   within a second of other traffic refused for want of room;
+   within ``batch_yield_after_refusal_s`` of other traffic refused for want of room, or
+   while every first-hop worker prefills other work;
 5. the prefill queue (``admission_queue``): bounded in uncached prompt tokens (per
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
-   prefill time). A batch line is granted only while the prefill work admitted ahead of
-   it is within ``batch_prefill_share`` of the TTFT target (one always runs on an idle
-   pool): interactive prompts arriving behind it wait little for batch work. It may
-   wait ``batch_queue_wait_s``, and carries no prefill deadline.
+   prefill time). Batch lines together are granted at most ``batch_prefill_share`` of
+   the TTFT target's worth of prefill (one always may): interactive prompts arriving
+   behind them wait little for batch work. A line may wait ``batch_queue_wait_s``, and
+   carries no prefill deadline.
 The grant it returns is released once the request's prefill is done.
 """
 
@@ -78,11 +79,10 @@ from router.state.base import ControlState, StateUnavailable
 log = logging.getLogger("pdserve.router")
 
 
-# Refusals for want of room: a batch line yields for _YIELD_AFTER_S after one of these
-# falls on other traffic (about the time a queue takes to drain at the TTFT scale).
+# Refusals for want of room: a batch line yields for ``batch_yield_after_refusal_s``
+# after one of these falls on other traffic.
 _NO_ROOM = frozenset({"ttft_slo_unattainable", "queue_full", "queue_deadline", "decode_kv_full",
                       "decode_thrashing", "prompt_needs_idle_pool"})  # fmt: skip
-_YIELD_AFTER_S = 1.0
 
 # How much of the prompt was tokenized before a refusal: most of what the refusal cost.
 Measured = Literal["none", "head", "whole"]
@@ -342,9 +342,9 @@ class Admission:
 
     def _yield_to_waiting(self, request: PreparedRequest, pools: Pools) -> None:
         """A yielding request (a batch line) is refused at once (429 ``batch_yields``)
-        while a request of a higher class waits in the router's queue, or within
-        ``_YIELD_AFTER_S`` of one refused for want of room, or while every first-hop
-        worker is prefilling other work: interactive traffic needs the room, and the
+        while a request of a higher class waits in the router's queue, within
+        ``batch_yield_after_refusal_s`` of one refused for want of room, or while every
+        first-hop worker is prefilling other work: interactive traffic needs the room, and the
         batch's runner sends the line again shortly. Else it may enter the queue, where
         batch work holds at most ``_own_limit_tokens`` of the engines' queue."""
         if not request.yields:
@@ -356,7 +356,7 @@ class Admission:
             for w in pools.first_hop
         )
         if (
-            pressed_s < _YIELD_AFTER_S
+            pressed_s < self._settings.batch_yield_after_refusal_s
             or busy
             or (queue is not None and queue.waiting_above(request.priority))
         ):

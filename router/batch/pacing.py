@@ -33,12 +33,13 @@ class Send:
 
 
 class LinePacer:
-    def __init__(self, *, cap: int, floor: int = 1) -> None:
+    def __init__(self, *, cap: int, floor: int = 1, initial: int = 1) -> None:
+        """``initial``: the limit before any answer (within floor and cap)."""
         if not 1 <= floor <= cap:
             raise ValueError(f"need 1 <= floor ({floor}) <= cap ({cap})")
         self._cap = cap
         self._floor = floor
-        self._limit = float(floor)
+        self._limit = float(min(cap, max(floor, initial)))
         self._in_flight = 0
         self._round = 0
         self._fills = 0  # times every slot was taken

@@ -111,3 +111,14 @@ async def test_a_raised_floor_holds_the_limit_through_refusals():
 def test_a_floor_over_the_cap_is_refused():
     with pytest.raises(ValueError, match="floor"):
         LinePacer(cap=2, floor=3)
+
+
+async def test_it_starts_at_its_initial_limit_within_the_cap_and_halves_from_there():
+    assert LinePacer(cap=2, initial=4).limit == 2
+    pacer = LinePacer(cap=32, initial=4)
+    sends = await _fill(pacer)
+    assert len(sends) == pacer.in_flight == 4
+    waiting = asyncio.create_task(pacer.refused(sends[0]))
+    await _settle()
+    assert pacer.limit == 2 and not waiting.done()  # 3 still out: it waits for a slot
+    waiting.cancel()
