@@ -64,6 +64,13 @@ def send_and_see_where(cluster, prompt: list[int], threads: list[threading.Threa
 
 
 def test_a_same_prefix_burst_stays_on_one_prefill_until_its_load_bound_then_spills(sim_cluster):
+    # The bound is from the mean load, so requests of earlier tests still in flight on this
+    # shared cluster would raise it: the burst starts on idle prefill workers.
+    wait_for(
+        lambda: all(metric(sim_cluster, "pdserve_worker_inflight_requests", worker=w) == 0
+                    for w in PREFILLS),
+        60, "earlier requests on the prefill workers to end",
+    )  # fmt: skip
     spills_before = metric(sim_cluster, "pdserve_routing_decisions_total", pool="prefill",
                            reason="bounded_load_spill")  # fmt: skip
     for name in PREFILLS:  # prefills take seconds, so the burst is in flight together
