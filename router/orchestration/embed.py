@@ -22,7 +22,6 @@ first piece that fails for good fails the request and stops the others.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from router.errors import InvalidRequest, NoCapacity, RequestTooLarge, UpstreamF
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.observability.metrics import RouterMetrics
 from router.orchestration.embedding_split import merge_answers, split_points
+from router.orchestration.engine_body import engine_json
 from router.orchestration.engine_client import EngineClient
 from router.orchestration.engine_errors import EngineHTTPError, EngineUnreachable
 from router.orchestration.usage import usage_in_large_answer
@@ -103,7 +103,7 @@ class Embedder:
             await self._admission.rate_limit(request, tokens)
         pieces = self._pieces(inputs, pool)
         if len(pieces) == 1:
-            payload = await self._ask(json.dumps(request.body).encode(), pool, tokens)
+            payload = await self._ask(request, request.body, pool, tokens)
         else:
             payload = await self._ask_in_pieces(request, inputs, pieces, pool, tokens)
         self._observe(request, payload)
@@ -135,10 +135,6 @@ class Embedder:
         if len(slices) == 1:
             return [(slices[0], None)]
         return list(zip(slices, filter(idle, pool), strict=False))
-        slices = split_points(len(inputs), len(idle), self._split_min)
-        if len(slices) == 1:
-            return [(slices[0], None)]
-        return list(zip(slices, idle, strict=False))
 
     async def _ask_in_pieces(
         self, request: PreparedRequest, inputs: Inputs,
@@ -147,9 +143,9 @@ class Embedder:
         self._metrics.embedding_splits.labels(request.model, str(len(pieces))).inc()
         tasks = []
         for part, worker in pieces:
-            body = json.dumps({**request.body, "input": inputs[part]}).encode()
+            body = {**request.body, "input": inputs[part]}
             share = tokens * (part.stop - part.start) // len(inputs)
-            tasks.append(asyncio.create_task(self._ask(body, pool, share, first=worker)))
+            tasks.append(asyncio.create_task(self._ask(request, body, pool, share, first=worker)))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -162,11 +158,11 @@ class Embedder:
         return merge_answers([t.result() for t in tasks], [part.start for part, _ in pieces])
 
     async def _ask(
-        self, body: bytes, pool: Sequence[WorkerState], tokens: int,
-        first: WorkerState | None = None,
+        self, request: PreparedRequest, body: dict[str, Any], pool: Sequence[WorkerState],
+        tokens: int, first: WorkerState | None = None,
     ) -> bytes:  # fmt: skip
-        """One worker's answer to ``body``: ``first`` (else the least loaded), then
-        others on failure, ``embedding_retries`` times at most."""
+        """One worker's answer to ``body`` (of ``request``): ``first`` (else the least
+        loaded), then others on failure, ``embedding_retries`` times at most."""
         tried: list[str] = []
         failures: list[str] = []
         while len(tried) <= self._retries:
@@ -178,8 +174,9 @@ class Embedder:
             try:
                 with self._load.begin(worker.worker_id, tokens):
                     payload = await self._engines.post_json(
-                        worker.engine_url + EMBEDDINGS_PATH, body, timeout_s=self._timeout_s
-                    )
+                        worker.engine_url + EMBEDDINGS_PATH, engine_json(body, request, worker),
+                        timeout_s=self._timeout_s,
+                    )  # fmt: skip
             except (EngineUnreachable, EngineHTTPError) as error:
                 failures.append(self._outcomes.triage(worker, error))  # a 4xx is re-raised
                 continue

@@ -44,6 +44,7 @@ from router.errors import APIError, NoCapacity, UpstreamFailed
 from router.fleet.registry import Pools, WorkerRegistry, WorkerState
 from router.fleet.worker_networks import WorkerNetworks
 from router.observability.metrics import RouterMetrics
+from router.orchestration.engine_body import engine_json
 from router.orchestration.engine_client import EngineClient, EngineConnection
 from router.orchestration.engine_errors import (
     ABORTED,
@@ -81,15 +82,6 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     request["max_tokens"] = 1
     request["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
     return request
-
-
-def engine_json(body: dict[str, Any], request: PreparedRequest, worker: WorkerState) -> bytes:
-    """The body as ``worker``'s engine gets it: an engine that schedules by priority is
-    told the request's class (lower goes first, so batch lines wait behind interactive
-    work there too, and are preempted first); a first-come engine is told nothing."""
-    if worker.registration.scheduling_policy == "priority":
-        body = {**body, "priority": request.priority}
-    return json.dumps(body).encode()
 
 
 class Orchestrator:

@@ -9,7 +9,8 @@ import pytest
 from contracts.workers import WorkerRegistration, WorkerRole
 from router.admission.tenants import PRIORITIES
 from router.fleet.registry import WorkerState
-from router.orchestration.orchestrate import engine_json, prefill_body
+from router.orchestration.engine_body import engine_json
+from router.orchestration.orchestrate import prefill_body
 from router.prepare.prepare import Endpoint, prepare
 
 
