@@ -352,8 +352,7 @@ class Admission:
         queue = self._queues.get(request.model)
         pressed_s = self._clock() - self._pressed_at_s.get(request.model, -math.inf)
         busy = bool(pools.first_hop) and all(
-            (load := self._load.of(w.worker_id)).tokens > load.yielding_tokens
-            for w in pools.first_hop
+            self._load.of(w.worker_id).prefills_other_work for w in pools.first_hop
         )
         if (
             pressed_s < self._settings.batch_yield_after_refusal_s

@@ -34,6 +34,11 @@ class InFlight:
     _deadlines: list[tuple[float, int]] = field(default_factory=list, init=False, repr=False)
     _departed: set[int] = field(default_factory=set, init=False, repr=False)
 
+    @property
+    def prefills_other_work(self) -> bool:
+        """Is a prefill other than a batch line's under way here?"""
+        return self.tokens > self.yielding_tokens
+
     def earliest_deadline_s(self) -> float | None:
         heap, departed = self._deadlines, self._departed
         while heap and heap[0][1] in departed:

@@ -245,7 +245,7 @@ def spare_for_batch(candidates: list[Candidate], context: PickContext) -> list[C
     left by the time it is placed: affinity chooses among all."""
     if not context.yields:
         return candidates
-    return [c for c in candidates if c.inflight.tokens == c.inflight.yielding_tokens] or candidates
+    return [c for c in candidates if not c.inflight.prefills_other_work] or candidates
 
 
 @register_filter("ttft_budget")
