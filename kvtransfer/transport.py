@@ -30,6 +30,11 @@ class NixlTransport:
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int
     ucx_net_devices: str | None = "lo"
+    # UCX's transport list (``UCX_TLS``), e.g. ``rc,cuda_copy`` on an RDMA fleet; None:
+    # UCX chooses. Engines that share a kernel but stand for separate hosts (the
+    # multi-host tests' namespaces) need ``^sm``: UCX would otherwise move the blocks
+    # through shared memory, which no two real hosts have.
+    ucx_transports: str | None = None
     # How long a producer keeps blocks that no decode has pulled (NixlConnector's
     # ``kv_lease_duration``; decode renews it by heartbeat while pulling). The
     # router refuses handoffs older than this, so it must match the router's lease.
@@ -72,6 +77,8 @@ class NixlTransport:
         }
         if self.ucx_net_devices:
             env["UCX_NET_DEVICES"] = self.ucx_net_devices
+        if self.ucx_transports:
+            env["UCX_TLS"] = self.ucx_transports
         if self.progress_delay_us:
             env["PDSERVE_NIXL_PROGRESS_DELAY_US"] = str(self.progress_delay_us)
         return env

@@ -23,13 +23,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent import process_group
 from agent.roles import agent_argv
 from contracts.agent_tokens import agent_token
+from localrun.hosts import LOOPBACK, Host
 from localrun.ports import free_ports
 
 Role = str  # "prefill" | "decode" | "colocated" | "embed"
@@ -95,6 +96,10 @@ class ClusterPlan:
     embed_model_path: Path | None = None
     embed_served_name: str | None = None
     embed_version: str | None = None  # the registered version the embed workers report
+    # Where each process runs, by name ("router", "prefill-0", ...): the multi-host tests
+    # give each its own network namespace. One not named runs here: the router on
+    # ``host``, a worker on loopback.
+    hosts: Mapping[str, Host] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prefill + self.decode + self.colocated + self.embed == 0:
@@ -116,10 +121,11 @@ class WorkerPlan:
     cores: str
     model_path: Path
     version: str | None = None
+    host: Host = LOOPBACK
 
     @property
     def engine_url(self) -> str:
-        return f"http://127.0.0.1:{self.engine_port}"
+        return self.host.url(self.engine_port)
 
 
 def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
@@ -155,7 +161,7 @@ def plan_workers(plan: ClusterPlan, cpu_count: int) -> list[WorkerPlan]:
         engine_port, side_channel_port, events_port = ports[3 * index : 3 * index + 3]
         workers.append(WorkerPlan(
             name, role, served, engine_port, side_channel_port, events_port, cores,
-            model_path, version,
+            model_path, version, plan.hosts.get(name, LOOPBACK),
         ))  # fmt: skip
     return workers
 
@@ -164,7 +170,8 @@ class LocalCluster:
     def __init__(self, plan: ClusterPlan, *, say: Callable[[str], None] = print) -> None:
         self.plan = plan
         self.run_dir = plan.run_dir
-        self.router_url = f"http://{plan.host}:{plan.port}"
+        self.router_host = plan.hosts.get("router", Host(plan.host))
+        self.router_url = self.router_host.url(plan.port)
         # The people's admin token (the router's and this launcher's), the secret agents'
         # tokens are minted from (the router's only), and the sims' fault endpoint's token:
         # no agent process holds the admin token or the secret.
@@ -186,8 +193,9 @@ class LocalCluster:
         self._say(f"[1/3] router on {self.router_url}")
         self.router = self._spawn(
             "router",
-            ["router", "--host", self.plan.host, "--port", str(self.plan.port)],
+            ["router", "--host", self.router_host.address, "--port", str(self.plan.port)],
             self.router_environment(),
+            self.router_host,
         )
         process_group.wait_until(
             lambda: process_group.http_ok(self.router_url + "/health", timeout_s=1),
@@ -201,20 +209,23 @@ class LocalCluster:
             self.agents[worker.name] = self._spawn(worker.name, self._agent_argv(worker), {
                 "PDSERVE_AGENT_TOKEN": agent_token(self.agent_secret, worker.name),
                 "PDSERVE_SIM_ADMIN_TOKEN": self.engine_token,
-            })  # fmt: skip
+            }, worker.host)  # fmt: skip
         self._write_cluster_file()
         self._wait_ready(stopping)
 
-    def start_replica(self, url: str, *, wait: bool = True) -> subprocess.Popen:
+    def start_replica(
+        self, url: str, *, wait: bool = True, host: Host | None = None
+    ) -> subprocess.Popen:
         """Start another router replica of this cluster at ``url`` (one of the plan's
-        ``extra_router_urls``: the agents fail over to it) and (``wait``) wait for it to
-        answer. It shares the cluster's state only through the plan's
-        ``PDSERVE_STATE_URL``; the caller stops it (``process_group.stop``)."""
+        ``extra_router_urls``: the agents fail over to it), on ``host`` (default: here),
+        and (``wait``) wait for it to answer. It shares the cluster's state only through
+        the plan's ``PDSERVE_STATE_URL``; the caller stops it (``process_group.stop``)."""
         parts = urllib.parse.urlsplit(url)
         replica = self._spawn(
             f"router-{parts.port}",
             ["router", "--host", parts.hostname or self.plan.host, "--port", str(parts.port)],
             self.router_environment(),
+            host or LOOPBACK,
         )
         if wait:
             process_group.wait_until(
@@ -248,10 +259,13 @@ class LocalCluster:
             drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,
             log_file=self.run_dir / f"{w.name}.engine.log", block_size=p.block_size or None,
             stream_interval=p.stream_interval, dtype=p.dtype,
-            # The events carry prompt token ids: published on loopback only.
-            kv_events_endpoint=(f"tcp://127.0.0.1:{w.kv_events_port}"
+            host=w.host.address,
+            # The events carry prompt token ids: published on the worker's own address only.
+            kv_events_endpoint=(w.host.url(w.kv_events_port, "tcp")
                                 if p.kv_events and not embed else None),
             side_channel_port=w.side_channel_port if pd else None,
+            ucx_net_devices=w.host.interface if pd else None,
+            ucx_tls=w.host.ucx_transports if pd else None,
             kv_lease_s=p.kv_lease_s if pd else None,
         )  # fmt: skip
 
@@ -343,9 +357,11 @@ class LocalCluster:
         router = [self.router] if self.router is not None else []
         process_group.kill_now([*self.agents.values(), *router])
 
-    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, argv: list[str], extra_env: dict[str, str], host: Host
+    ) -> subprocess.Popen:
         return process_group.spawn(
-            [sys.executable, "-m", "cli.main", *argv],
+            [*host.run_prefix, sys.executable, "-m", "cli.main", *argv],
             env={**_without_secrets(os.environ), **extra_env},
             log_path=self.run_dir / f"{name}.log",
         )

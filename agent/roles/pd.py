@@ -27,6 +27,9 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--side-channel-port", type=int, required=True, help="NIXL side channel")
     parser.add_argument("--kv-lease-s", type=int, default=30, help="producer block lease")
     parser.add_argument("--ucx-net-devices", default="lo", help='UCX devices ("" for all)')
+    parser.add_argument("--ucx-tls", default=None,
+                        help="UCX transports (UCX_TLS), e.g. rc,cuda_copy; default: UCX's "
+                        "choice")  # fmt: skip
     parser.add_argument("--nixl-progress-delay-us", type=int, default=1000,
                         help="how long NIXL's progress thread waits for a UCX event before "
                         "polling again (0: NIXL's busy poll, a whole core per engine)")  # fmt: skip
@@ -41,6 +44,7 @@ def nixl_spec(args: argparse.Namespace, kv_role: KVRole) -> EngineSpec:
         side_channel_host=args.host,
         side_channel_port=args.side_channel_port,
         ucx_net_devices=args.ucx_net_devices or None,
+        ucx_transports=args.ucx_tls or None,
         kv_lease_s=args.kv_lease_s,
         progress_delay_us=args.nixl_progress_delay_us,
     )

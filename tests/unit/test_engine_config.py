@@ -31,6 +31,11 @@ def test_transport_env_stays_on_loopback_by_default():
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
     assert "UCX_NET_DEVICES" not in transport(ucx_net_devices=None).env()
+    assert "UCX_TLS" not in env  # UCX chooses unless told
+
+
+def test_transport_names_ucx_transports_when_given():
+    assert transport(ucx_transports="^sm").env()["UCX_TLS"] == "^sm"
 
 
 @pytest.mark.parametrize(
