@@ -73,6 +73,18 @@ class Network:
         ).stdout  # fmt: skip
         return [line.split()[3] for line in out.splitlines() if line.strip()]
 
+    def strays(self, name: str) -> list[str]:
+        """Listeners of a host's on neither its own address nor its loopback (which is
+        that host's alone: vLLM's internal sockets live there): 0.0.0.0, ``[::]`` or a
+        peer's address would all be wrong."""
+        own = ipaddress.ip_address(self.hosts[name].address)
+        strays = []
+        for local in self.listeners(name):
+            address = ipaddress.ip_address(local.rsplit(":", 1)[0].strip("[]").split("%")[0])
+            if not (address.is_loopback or address == own):
+                strays.append(local)
+        return strays
+
 
 def _free_subnet() -> ipaddress.IPv4Network:
     """A random 10.x.y.0/24 no interface of the box's is on."""
