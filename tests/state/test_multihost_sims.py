@@ -121,7 +121,7 @@ def test_a_ratio_change_re_roles_a_worker_on_another_host_and_both_routers_follo
         assert answer.status_code == 202, answer.text
         status_path = answer.json()["status_url"]
 
-        def done(url: str = fleet.replica_url) -> bool:
+        def done(url: str = fleet.replica_url, status_path: str = status_path) -> bool:
             # Read through the replica: the operation is in the shared state.
             operation = httpx.get(url + status_path, headers=HEADERS, timeout=10).json()
             assert operation["status"] in ("running", "done"), operation
@@ -130,7 +130,7 @@ def test_a_ratio_change_re_roles_a_worker_on_another_host_and_both_routers_follo
         wait_for(done, 60, f"the change to {prefill}P+{decode}D")
         want = {"prefill": prefill, "decode": decode}
         for url in fleet.routers:
-            wait_for(lambda u=url: _counted(ready_roles(u)) == want, 20, f"{url} at {want}")
+            wait_for(lambda u=url, w=want: _counted(ready_roles(u)) == w, 20, f"{url} at {want}")
             assert pools(url)["target"] == want
             assert [served(url) for _ in range(3)] == [200] * 3
 
