@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 import aiohttp
 
@@ -28,6 +29,10 @@ class RouterReporter:
     pushed at once; the periodic heartbeat only refreshes load and liveness.
     A 404 on heartbeat means the router restarted and forgot us: re-register. A reply
     naming another role (the pool's P:D ratio changed) sets ``role_wanted``.
+
+    ``ready_file`` (a Kubernetes readiness probe reads it) exists exactly while the
+    router's last answer took this worker as ready: weights loaded, registered, and not
+    draining. It goes at the first heartbeat that says otherwise, and on exit.
     """
 
     def __init__(
@@ -39,6 +44,7 @@ class RouterReporter:
         engine_url: str,
         interval_s: float = 2.0,
         timeout_s: float = 3.0,
+        ready_file: Path | None = None,
     ) -> None:
         # Several router replicas, comma-separated: reports go to the last one that
         # answered; an unreachable one hands over to the next (they share state).
@@ -50,6 +56,7 @@ class RouterReporter:
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._ready_file = ready_file
         self.ready = False
         self.draining = False
         self.wanted_role: WorkerRole | None = None
@@ -60,6 +67,7 @@ class RouterReporter:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._show_ready(False)
         if self._session:
             await self._session.close()
 
@@ -103,10 +111,23 @@ class RouterReporter:
         status, reply = await self._exchange(
             "/admin/workers/heartbeat", heartbeat.model_dump(mode="json")
         )
+        taken = status == 200 and self.ready and not self.draining
         if status == 404 and self.ready and not self.draining:
-            await self._post("/admin/workers/register", self.registration.model_dump(mode="json"))
+            registered = await self._post(
+                "/admin/workers/register", self.registration.model_dump(mode="json")
+            )
+            taken = registered == 200
+        self._show_ready(taken)
         if status == 200:
             self._heed(reply)
+
+    def _show_ready(self, ready: bool) -> None:
+        if self._ready_file is None:
+            return
+        if ready:
+            self._ready_file.touch()
+        else:
+            self._ready_file.unlink(missing_ok=True)
 
     def _heed(self, reply: object) -> None:
         try:

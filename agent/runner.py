@@ -73,6 +73,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    parser.add_argument("--ready-file", type=Path, default=None,
+                        help="a file that exists exactly while the router takes this worker "
+                        "as ready (weights loaded, registered, not draining): a Kubernetes "
+                        "readiness probe's `test -f`")  # fmt: skip
     parser.add_argument("--prefill-probe-budget-s", type=float, default=10.0,
                         help="seconds the prefill-rate probe may take before the worker "
                         "registers (its sizes shrink to fit; agent/prefill_probe.py)")  # fmt: skip
@@ -127,12 +131,13 @@ def run_agent(
     respec: Callable[[WorkerRole], EngineSpec] | None = None,
 ) -> int:
     """Serve ``role`` until SIGTERM; with ``respec``, switch roles when the router asks."""
-    token = os.environ.get("PDSERVE_AGENT_TOKEN", "")
+    token = _agent_token()
     named = token_worker(token)
     if named is None:
         raise SystemExit(
-            "PDSERVE_AGENT_TOKEN must be set to this worker's agent token: "
-            "`PDSERVE_AGENT_SECRET=... pdserve agent-token WORKER_ID` mints it"
+            "PDSERVE_AGENT_TOKEN (or a file PDSERVE_AGENT_TOKEN_FILE names) must hold this "
+            "worker's agent token: `PDSERVE_AGENT_SECRET=... pdserve agent-token WORKER_ID` "
+            "mints it"
         )
     worker_id = args.worker_id or named
     if worker_id != named:
@@ -143,6 +148,19 @@ def run_agent(
     agent = _Agent(worker_id=worker_id, args=args, token=token, log_path=log_path, respec=respec)
     asyncio.run(agent.serve(role, spec))
     return 0
+
+
+def _agent_token() -> str:
+    """From the environment, or a file (a Kubernetes init container mints it there, so
+    the agent's own container never holds the secret it is minted from)."""
+    token = os.environ.get("PDSERVE_AGENT_TOKEN", "")
+    path = os.environ.get("PDSERVE_AGENT_TOKEN_FILE", "")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as error:
+            raise SystemExit(f"PDSERVE_AGENT_TOKEN_FILE: {error}") from None
+    return token
 
 
 def _registration(worker_id: str, role: WorkerRole, spec: EngineSpec) -> WorkerRegistration:
@@ -203,6 +221,7 @@ class _Agent:
             registration=_registration(self.worker_id, role, spec),
             engine_url=f"http://{spec.host}:{spec.port}",
             interval_s=self.args.heartbeat_interval_s,
+            ready_file=self.args.ready_file,
         ) as reporter:
             incarnation = 0
             while True:

@@ -206,8 +206,12 @@ class LocalCluster:
             + ", ".join(f"{w.name}@{w.engine_port} cores {w.cores}" for w in self.workers)
         )
         for worker in self.workers:
+            # In a file, as a Kubernetes init container hands it over: not in the
+            # agent's environment, which its engine and anything it starts inherit.
+            token_file = self.run_dir / f"{worker.name}.agent-token"
+            write_private(token_file, agent_token(self.agent_secret, worker.name))
             self.agents[worker.name] = self._spawn(worker.name, self._agent_argv(worker), {
-                "PDSERVE_AGENT_TOKEN": agent_token(self.agent_secret, worker.name),
+                "PDSERVE_AGENT_TOKEN_FILE": str(token_file),
                 "PDSERVE_SIM_ADMIN_TOKEN": self.engine_token,
             }, worker.host)  # fmt: skip
         self._write_cluster_file()
@@ -253,7 +257,7 @@ class LocalCluster:
             w.role, model=str(w.model_path), served_model_name=w.served_name,
             model_version=w.version,
             port=w.engine_port, router_url=",".join((self.router_url, *p.extra_router_urls)),
-            worker_id=w.name, cores=w.cores,
+            worker_id=w.name, cores=w.cores, ready_file=self.ready_file(w.name),
             kv_cache_gib=p.kv_cache_gib, max_model_len=None if embed else p.max_model_len,
             ready_timeout_s=p.ready_timeout_s, heartbeat_interval_s=p.heartbeat_interval_s,
             drain_timeout_s=p.drain_timeout_s, engine=p.engine, sim_profile=p.sim_profile,
@@ -335,6 +339,10 @@ class LocalCluster:
             if lines:
                 return lines[-1][:160]
         return "(no log yet)"
+
+    def ready_file(self, name: str) -> Path:
+        """The file a worker's agent keeps while the router takes it as ready."""
+        return self.run_dir / f"{name}.ready"
 
     def worker(self, name: str) -> WorkerPlan:
         return next(w for w in self.workers if w.name == name)
