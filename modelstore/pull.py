@@ -1,0 +1,114 @@
+"""Pull a registered model version from an artifact store into a node's cache, verified.
+
+A pulled version lives at ``CACHE/<model>/<version>``, whole or not at all: files are
+copied into a hidden sibling, the copy's checksum must equal the registry's, and only
+then is it renamed into place. Two pods pulling the same version at once both finish:
+the second rename finds the first one's folder, verifies it, and drops its own copy. A
+folder already in place is verified, never trusted (a cache can rot or be tampered
+with); one that fails is replaced.
+
+The store is a folder (a mounted volume); an object store (``s3://``, ``hf://``) is
+refused with a clear error until it has a reader here. How long each part took comes
+back in ``Pulled``: the cold-start benchmark and the agent's start-up metrics use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelstore.checksum import folder_checksum
+
+# Files are copied in pieces this size, so progress shows on a large file too.
+_PIECE = 8 << 20
+
+
+class PullError(RuntimeError):
+    """The version cannot be pulled as asked: no such source, or a checksum mismatch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    path: Path
+    cached: bool  # already in the cache (verified), nothing copied
+    bytes_copied: int
+    copy_s: float
+    verify_s: float
+
+
+def pull(
+    source: str, *, model: str, version: str, checksum: str, cache: Path,
+    progress: Callable[[str], None] = print,
+) -> Pulled:  # fmt: skip
+    """Make ``cache/model/version`` a verified copy of ``source``."""
+    target = cache / model / version
+    if target.exists():
+        started = time.monotonic()
+        if folder_checksum(target) == checksum:
+            progress(f"{model} {version}: cached at {target}, checksum verified")
+            return Pulled(target, True, 0, 0.0, time.monotonic() - started)
+        progress(f"{model} {version}: the cached copy fails its checksum; pulling it again")
+        shutil.rmtree(target)
+    folder = _local_folder(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent))
+    try:
+        started = time.monotonic()
+        copied = _copy(
+            folder, staging, progress=lambda line: progress(f"{model} {version}: {line}")
+        )
+        copy_s = time.monotonic() - started
+        got = folder_checksum(staging)
+        verify_s = time.monotonic() - started - copy_s
+        if got != checksum:
+            raise PullError(
+                f"{model} {version}: {source} has checksum {got}, the registry says {checksum}"
+            )
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target.exists() and folder_checksum(target) == checksum):
+                raise
+            progress(f"{model} {version}: pulled by another pod meanwhile; keeping that copy")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"{model} {version}: {copied / 1e6:.1f} MB in {copy_s:.1f} s, verified in "
+             f"{verify_s:.1f} s, at {target}")  # fmt: skip
+    return Pulled(target, False, copied, copy_s, verify_s)
+
+
+def _local_folder(source: str) -> Path:
+    if "://" in source and not source.startswith("file://"):
+        scheme = source.split("://", 1)[0]
+        raise PullError(f"{source}: {scheme}:// stores are not readable yet; mount the "
+                        "store as a folder and register that path")  # fmt: skip
+    folder = Path(source.removeprefix("file://"))
+    if not folder.exists():
+        raise PullError(f"{folder}: no such artifact in the store")
+    return folder
+
+
+def _copy(source: Path, into: Path, progress: Callable[[str], None]) -> int:
+    """Copy a folder's files (or one file) into ``into``; the bytes copied. A line of
+    progress at most every 2 seconds."""
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+    copied, shown = 0, time.monotonic()
+    for path in files:
+        destination = into / (path.name if path == source else path.relative_to(source))
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("rb") as reader, destination.open("wb") as writer:
+            for piece in iter(lambda reader=reader: reader.read(_PIECE), b""):
+                writer.write(piece)
+                copied += len(piece)
+                if time.monotonic() - shown > 2:
+                    shown = time.monotonic()
+                    progress(f"{copied / 1e6:.0f} / {total / 1e6:.0f} MB")
+            os.fsync(writer.fileno())
+    return copied
