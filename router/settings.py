@@ -500,12 +500,55 @@ class ControlSettings(_Group):
         description="How long one re-role step may take (drain, engine restart in the new "
         "role, registration) before the change is marked failed.",
     )
+    scaler: Literal["local", "kubernetes"] = Field(
+        "local",
+        description="How a P:D change reaches the pools: `local` re-roles the workers a "
+        "model has (the total stays); `kubernetes` sets the replicas of the pools' "
+        "Deployments (`scaler_deployments`) through the scale subresource, in the pod's "
+        "service account or a kubeconfig.",
+    )
+    scaler_namespace: str = Field(
+        "default", max_length=253, description="The namespace of the pools' Deployments."
+    )
+    scaler_deployments: str = Field(
+        "",
+        description="The Deployment of each model's pool, `model/prefill=name,"
+        "model/decode=name,...` (the `kubernetes` scaler).",
+    )
+    scaler_min_replicas: int = Field(
+        1,
+        ge=1,
+        le=10_000,
+        description="The fewest replicas the `kubernetes` scaler sets a pool to.",
+    )
+    scaler_max_replicas: int = Field(
+        16, ge=1, le=10_000, description="The most replicas the `kubernetes` scaler gives a pool."
+    )
+    scale_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a Kubernetes scale may take until the pools' ready workers "
+        "match it (new pods pull and load weights) before the change is marked failed.",
+    )
     max_operations_kept: int = Field(
         100, ge=1, le=100_000, description="Finished pool operations kept for GET (oldest go)."
     )
     audit_entries_kept: int = Field(
         10_000, ge=1, le=10_000_000, description="Audit log entries kept (oldest dropped)."
     )
+
+    def scaler_deployment_names(self) -> dict[tuple[str, str], str]:
+        """(model, role) -> Deployment name, from ``scaler_deployments``."""
+        names: dict[tuple[str, str], str] = {}
+        for item in filter(None, (part.strip() for part in self.scaler_deployments.split(","))):
+            key, _, name = item.partition("=")
+            model, _, role = key.rpartition("/")
+            if not (model and name) or role not in ("prefill", "decode"):
+                raise ValueError(
+                    f"scaler_deployments: {item!r} is not model/prefill=name or model/decode=name"
+                )
+            names[(model, role)] = name
+        return names
 
     def scoped_tokens(self) -> dict[str, tuple[str, str]]:
         """token -> (name, scope)."""
@@ -519,6 +562,9 @@ class ControlSettings(_Group):
     def _check_tokens(self) -> ControlSettings:
         if self.state_url and not self.state_url.startswith(("redis://", "rediss://")):
             raise ValueError("state_url must be empty or a redis:// URL")
+        self.scaler_deployment_names()  # a malformed entry is refused at start
+        if self.scaler_min_replicas > self.scaler_max_replicas:
+            raise ValueError("scaler_min_replicas must not exceed scaler_max_replicas")
         for item in filter(None, (part.strip() for part in self.admin_tokens.split(","))):
             parts = item.split(":", 2)
             if len(parts) != 3 or not all(parts) or parts[1] not in SCOPES:

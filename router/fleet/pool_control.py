@@ -1,7 +1,8 @@
-"""The SRE's P:D ratio, changed live: re-role workers one step at a time, dropping nothing.
+"""The SRE's P:D ratio, changed live, dropping nothing.
 
 A change (``PUT /admin/v1/pools/{model}``) is validated whole, stored as the model's
-targets, and run as an *operation* that converges in steps:
+targets, and run as an *operation* by the configured scaler (router/fleet/scalers.py).
+Kubernetes scales the pools' Deployments; the local scaler converges in steps:
 1. choose up to ``rerole_step_workers`` workers of the surplus role, least loaded first
    (this router's in-flight requests plus the engine's running ones), then the ones whose
    cache is least useful (fewest blocks in the prefix index);
@@ -24,61 +25,20 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from contracts.workers import WorkerRole
 from router.errors import InvalidRequest
 from router.fleet.circuit_breaker import CircuitState
+from router.fleet.pool_operations import PD_ROLES, Operation
 from router.fleet.registry import WorkerRegistry, WorkerState
-from router.scheduling.load import InFlightLoad
+from router.fleet.scalers import Scaler
 from router.settings import ControlSettings
 from router.state.base import AuditEntry, ControlState, PoolTargets, StateUnavailable
 
 log = logging.getLogger("pdserve.router")
 
-PD_ROLES = (WorkerRole.PREFILL, WorkerRole.DECODE)
 _OPERATION = "operation:"  # state document name prefix
-OperationStatus = Literal["running", "done", "superseded", "failed"]
-
-
-@dataclass(slots=True)
-class Step:
-    worker_id: str
-    from_role: WorkerRole
-    to_role: WorkerRole
-    started_unix_s: float
-    phase: Literal["draining", "done", "timed_out"] = "draining"
-    finished_unix_s: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "worker_id": self.worker_id, "from": self.from_role.value, "to": self.to_role.value,
-            "phase": self.phase, "started_unix_s": self.started_unix_s,
-            "finished_unix_s": self.finished_unix_s,
-        }  # fmt: skip
-
-
-@dataclass(slots=True)
-class Operation:
-    id: str
-    model: str
-    target: PoolTargets
-    actor: str
-    created_unix_s: float
-    status: OperationStatus = "running"
-    detail: str = ""
-    steps: list[Step] = field(default_factory=list)
-    finished_unix_s: float | None = None
-    superseded: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "model": self.model, "target": self.target.as_dict(),
-            "actor": self.actor, "status": self.status, "detail": self.detail,
-            "created_unix_s": self.created_unix_s, "finished_unix_s": self.finished_unix_s,
-            "steps": [s.as_dict() for s in self.steps],
-        }  # fmt: skip
 
 
 class PoolController:
@@ -87,25 +47,24 @@ class PoolController:
         settings: ControlSettings,
         *,
         registry: WorkerRegistry,
-        load: InFlightLoad,
-        blocks_held: Callable[[str], int],
         state: ControlState,
         publish: Callable[[dict[str, WorkerRole]], Awaitable[None]],
+        scaler: Callable[[PoolController], Scaler],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._registry = registry
-        self._load = load
-        self._blocks_held = blocks_held
         self._state = state
         self._publish = publish  # shares holds and wanted roles with the other replicas
-        self._wall_clock = wall_clock
-        self._wanted: dict[str, WorkerRole] = {}
+        self.wall_clock = wall_clock
+        # Workers asked to switch roles (the local scaler's), as every replica sees it.
+        self.switching: dict[str, WorkerRole] = {}
         self._operations: dict[str, Operation] = {}
         self._running: dict[str, tuple[Operation, asyncio.Task[None]]] = {}
+        self._scaler = scaler(self)
 
     def __repr__(self) -> str:
-        return f"PoolController(running={sorted(self._running)}, switching={self._wanted})"
+        return f"PoolController(running={sorted(self._running)}, switching={self.switching})"
 
     # -- reads ------------------------------------------------------------------
 
@@ -118,22 +77,23 @@ class PoolController:
         return counts
 
     def wanted_role(self, worker_id: str) -> WorkerRole | None:
-        return self._wanted.get(worker_id)
+        return self.switching.get(worker_id)
 
     def wanted(self) -> dict[str, WorkerRole]:
-        return dict(self._wanted)
+        return dict(self.switching)
 
     def adopt(self, wanted: dict[str, WorkerRole]) -> None:
         """The shared view of which workers switch roles (another replica changed it)."""
-        self._wanted = dict(wanted)
+        self.switching.clear()
+        self.switching.update(wanted)
 
     def settled(self, worker_id: str, role: WorkerRole) -> bool:
         """A worker registered in ``role``: if that was the role asked of it, its switch is
         over, whichever replica ran the operation (even one that died since): release it.
         True if anything changed."""
-        if self._wanted.get(worker_id) is not role:
+        if self.switching.get(worker_id) is not role:
             return False
-        del self._wanted[worker_id]
+        del self.switching[worker_id]
         self._registry.release(worker_id)
         return True
 
@@ -148,7 +108,7 @@ class PoolController:
     def worker_state(self, worker: WorkerState, now_s: float) -> str:
         """starting, ready, draining, re-roling, down, or its circuit (open, half-open), as
         the pools view shows it."""
-        if worker.worker_id in self._wanted:
+        if worker.worker_id in self.switching:
             return "re-roling"
         if not worker.healthy:
             return "down"
@@ -177,18 +137,16 @@ class PoolController:
         for name, value in (("prefill", prefill), ("decode", decode)):
             if value < 1:
                 raise InvalidRequest(f"{name} must be at least 1", param=name)
-        if prefill + decode != total:
-            raise InvalidRequest(
-                f"prefill + decode must equal the model's {total} P/D workers "
-                f"(re-roling moves workers between pools; it does not start new ones)",
-                param="prefill",
-            )
-        return PoolTargets(prefill=prefill, decode=decode)
+        target = PoolTargets(prefill=prefill, decode=decode)
+        refusal = self._scaler.refusal(model, target, self.counts(model))
+        if refusal is not None:
+            raise refusal
+        return target
 
     async def change(self, model: str, target: PoolTargets, actor: str) -> Operation:
         operation = Operation(
             id=f"op-{uuid.uuid4().hex[:12]}", model=model, target=target, actor=actor,
-            created_unix_s=self._wall_clock(),
+            created_unix_s=self.wall_clock(),
         )  # fmt: skip
         previous = self._running.get(model)
         await self._state.set_targets(model, target)
@@ -211,84 +169,22 @@ class PoolController:
             previous[0].superseded = True
             with contextlib.suppress(asyncio.CancelledError):
                 await previous[1]  # it stops at its next step boundary
+
+        async def checkpoint() -> None:
+            await self._publish(self.wanted())
+            await self._save(operation)
+
         try:
-            await self._converge(operation)
+            await self._scaler.converge(operation, checkpoint)
         except Exception as error:  # an operation must end with a status, never vanish
             log.exception("pool change %s failed", operation.id)
             operation.status, operation.detail = "failed", str(error)
         finally:
-            operation.finished_unix_s = self._wall_clock()
+            operation.finished_unix_s = self.wall_clock()
             if self._running.get(operation.model, (None,))[0] is operation:
                 del self._running[operation.model]
             await self._save(operation)
             await self._audit(operation, "pool_change", operation.status)
-
-    async def _converge(self, operation: Operation) -> None:
-        while not operation.superseded:
-            step = self._next_step(operation)
-            if not step:
-                operation.status = "done"
-                return
-            operation.steps.extend(step)
-            await self._publish(self.wanted())
-            await self._save(operation)
-            switched = await self._switched(step)
-            await self._publish(self.wanted())
-            await self._save(operation)
-            if not switched:
-                operation.status = "failed"
-                operation.detail = (
-                    f"not every worker of the step served its new role within "
-                    f"{self._settings.rerole_timeout_s:.0f}s"
-                )
-                return
-        operation.status = "superseded"
-
-    def _next_step(self, operation: Operation) -> list[Step]:
-        counts = self.counts(operation.model)
-        target = {WorkerRole.PREFILL: operation.target.prefill,
-                  WorkerRole.DECODE: operation.target.decode}  # fmt: skip
-        surplus = next((r for r in PD_ROLES if counts[r] > target[r]), None)
-        if surplus is None:
-            return []
-        other = WorkerRole.DECODE if surplus is WorkerRole.PREFILL else WorkerRole.PREFILL
-        movable = [w for w in self._registry.workers()
-                   if w.registration.model == operation.model and w.role is surplus]  # fmt: skip
-        movable.sort(key=self._switch_cost)
-        size = min(self._settings.rerole_step_workers, counts[surplus] - target[surplus])
-        now = self._wall_clock()
-        steps = [Step(w.worker_id, surplus, other, now) for w in movable[:size]]
-        for step in steps:
-            self._registry.hold(step.worker_id)
-            self._wanted[step.worker_id] = step.to_role
-            log.info("re-roling %s: %s -> %s", step.worker_id, surplus.value, other.value)
-        return steps
-
-    def _switch_cost(self, worker: WorkerState) -> tuple[int, int, str]:
-        busy = self._load.of(worker.worker_id).requests + worker.load.num_requests_running
-        return busy, self._blocks_held(worker.worker_id), worker.worker_id
-
-    async def _switched(self, steps: list[Step]) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.rerole_timeout_s
-        pending = {s.worker_id: s for s in steps}
-        while pending:
-            for worker_id, step in list(pending.items()):
-                worker = self._registry.get(worker_id)
-                if worker is not None and worker.role is step.to_role and worker.ready:
-                    self._finish(step, "done")
-                    del pending[worker_id]
-            if pending and loop.time() > deadline:
-                for step in pending.values():
-                    self._finish(step, "timed_out")
-                return False
-            await asyncio.sleep(0.1)
-        return True
-
-    def _finish(self, step: Step, phase: Literal["done", "timed_out"]) -> None:
-        step.phase, step.finished_unix_s = phase, self._wall_clock()
-        self._wanted.pop(step.worker_id, None)
-        self._registry.release(step.worker_id)
 
     async def _keep(self, operation: Operation) -> None:
         self._operations[operation.id] = operation
@@ -315,7 +211,7 @@ class PoolController:
     async def _append_audit(self, operation: Operation, action: str, outcome: str) -> None:
         await self._state.append_audit(
             AuditEntry(
-                at_unix_s=self._wall_clock(), actor=operation.actor, action=action,
+                at_unix_s=self.wall_clock(), actor=operation.actor, action=action,
                 target=operation.model, outcome=outcome,
                 detail={"operation": operation.id, **operation.target.as_dict(),
                         "steps": len(operation.steps), "detail": operation.detail},

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from contracts.status import StatusSnapshot
 from contracts.workers import WorkerRole
 from router.errors import InvalidRequest, NoCapacity, NotFound
-from router.fleet.pool_control import PD_ROLES
+from router.fleet.pool_operations import PD_ROLES
 from router.http.access import Access, Route, actor_of, parts_of
 from router.http.http_io import json_body
 from router.observability.status import snapshot

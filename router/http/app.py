@@ -26,6 +26,7 @@ from router.fleet.background import keep_running
 from router.fleet.health import StallCheck, probe_engines_forever
 from router.fleet.pool_control import PoolController
 from router.fleet.registry import WorkerRegistry, WorkerState
+from router.fleet.scalers import configured_scaler
 from router.fleet.state_sync import StateSync
 from router.fleet.worker_networks import WorkerNetworks
 from router.http.access import body_components, guarded, openapi_extra
@@ -266,9 +267,13 @@ def _control_plane(
         settled=lambda worker_id, role: pools.settled(worker_id, role),
         wanted=lambda: pools.wanted(), on_document=on_document, clock=clock,
     )  # fmt: skip
-    pools = PoolController(
+    scaler = configured_scaler(
         settings.control, registry=registry, load=load, blocks_held=prefixes.index.blocks_held,
-        state=state, publish=sync.publish_control,
+        clock=clock,
+    )  # fmt: skip
+    pools = PoolController(
+        settings.control, registry=registry, state=state, publish=sync.publish_control,
+        scaler=scaler,
     )  # fmt: skip
     return sync, pools
 

@@ -3,9 +3,12 @@ it is released and its switch cleared, even if the replica that ran the operatio
 
 from __future__ import annotations
 
+import time
+
 from contracts.workers import WorkerRegistration, WorkerRole
 from router.fleet.pool_control import PoolController
 from router.fleet.registry import WorkerRegistry
+from router.fleet.scalers import configured_scaler
 from router.fleet.state_sync import CONTROL_DOCUMENT, StateSync
 from router.scheduling.load import InFlightLoad
 from router.settings import ControlSettings
@@ -21,9 +24,12 @@ def registration(role: WorkerRole, incarnation: int) -> WorkerRegistration:
 def replica(state: MemoryState) -> tuple[WorkerRegistry, PoolController, StateSync]:
     registry = WorkerRegistry(heartbeat_timeout_s=10, forget_after_s=300, max_workers=8)
     sync: StateSync
+    settings = ControlSettings()
     pools = PoolController(
-        ControlSettings(), registry=registry, load=InFlightLoad(), blocks_held=lambda w: 0,
-        state=state, publish=lambda wanted: sync.publish_control(wanted),
+        settings, registry=registry, state=state,
+        publish=lambda wanted: sync.publish_control(wanted),
+        scaler=configured_scaler(settings, registry=registry, load=InFlightLoad(),
+                                 blocks_held=lambda w: 0, clock=time.monotonic),
     )  # fmt: skip
     sync = StateSync(
         state, registry=registry, record_ttl_s=300, on_registered=lambda r, new: None,
