@@ -290,6 +290,8 @@ def router_deployment() -> Doc:
             # The tokenizers: the router reads each model's from the path its workers
             # register, so it mounts their cache at the same place.
             {"name": "models", "mountPath": MODELS, "readOnly": True},
+            # Registering a version checks its artifact is there (and checksums it).
+            {"name": "store", "mountPath": STORE, "readOnly": True},
             {"name": "files", "mountPath": "/var/lib/pdserve/files"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -315,6 +317,8 @@ def router_deployment() -> Doc:
                     "volumes": [
                         {"name": "models", "persistentVolumeClaim": {
                             "claimName": "pdserve-models", "readOnly": True}},
+                        {"name": "store", "persistentVolumeClaim": {
+                            "claimName": "pdserve-model-store", "readOnly": True}},
                         {"name": "files",
                          "persistentVolumeClaim": {"claimName": "pdserve-files"}},
                         {"name": "tmp", "emptyDir": {}},
