@@ -18,6 +18,7 @@ from agent.engine_dtype import DTYPE_ENV, DTYPES, DtypeChoice, choose_dtype
 from agent.engine_spec import EngineSpec, detect_device
 from agent.prefill_probe import ProbePlan, measure_prefill
 from agent.reporter import RouterReporter
+from agent.start_phases import start_phases
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
 from contracts.agent_tokens import token_worker
 from contracts.block_hashing import engine_hash_seed
@@ -242,6 +243,7 @@ class _Agent:
         supervisor: EngineSupervisor
 
         async def on_state(ready: bool) -> None:
+            probed_s = time.monotonic()
             if ready and reporter.registration.role in _FIRST_HOP:
                 probe = await measure_prefill(
                     f"http://{spec.host}:{spec.port}", spec.served_model_name,
@@ -250,6 +252,16 @@ class _Agent:
                 )  # fmt: skip
                 reporter.registration = reporter.registration.model_copy(
                     update={"prefill_probe": probe}
+                )
+            if ready:
+                phases = start_phases(
+                    model_path=Path(spec.model_path), log_path=self.log_path,
+                    log_from=supervisor.log_from, engine_start_s=supervisor.start_s,
+                    probe_s=time.monotonic() - probed_s,
+                )  # fmt: skip
+                log.info("engine start: %s", ", ".join(f"{k} {v:.1f}s" for k, v in phases.items()))
+                reporter.registration = reporter.registration.model_copy(
+                    update={"start_phases": phases}
                 )
             await reporter.set_ready(
                 ready, engine_pid=supervisor.pid, incarnation=supervisor.incarnation

@@ -29,6 +29,7 @@ import aiohttp
 from agent import process_group
 from agent.engine_spec import EngineSpec
 from agent.placement import placement_violations
+from agent.start_phases import log_offset
 
 log = logging.getLogger("pdserve.agent")
 
@@ -62,6 +63,10 @@ class EngineSupervisor:
         self._stopping = asyncio.Event()
         self.ready = False
         self.incarnation = 0
+        # This incarnation's start: where its lines begin in the log, and the seconds
+        # from spawning it to its answering (agent.start_phases reads both).
+        self.log_from = -1
+        self.start_s = 0.0
 
     def __repr__(self) -> str:
         return f"EngineSupervisor(port={self.spec.port}, ready={self.ready})"
@@ -91,12 +96,16 @@ class EngineSupervisor:
 
     async def _run_once(self) -> None:
         self.incarnation += 1
+        self.log_from = log_offset(self._log_path)
+        spawned_s = time.monotonic()
         self._process = await process_group.spawn_async(
             self.spec.argv(), env=self.spec.env(dict(os.environ)), log_path=self._log_path
         )
         log.info("engine started pid=%d port=%d", self._process.pid, self.spec.port)
         try:
-            if await self._wait_ready() and await self._placed_as_assigned():
+            answering = await self._wait_ready()
+            self.start_s = time.monotonic() - spawned_s
+            if answering and await self._placed_as_assigned():
                 self.ready = True
                 await self._on_state(True)
                 await self._process.wait()

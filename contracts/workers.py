@@ -107,6 +107,13 @@ class WorkerRegistration(BaseModel):
     # predictor starts this worker's line from them. Empty: not measured.
     prefill_probe: tuple[tuple[int, float], ...] = Field(default=(), max_length=16)
 
+    # Seconds of each part of this engine's start, as its agent measured them
+    # (``agent.start_phases``): ``pull`` (the weights into the node's cache), then either
+    # ``process_start``, ``weights_load`` and ``engine_warm_up`` (vLLM's own profile, KV
+    # cache and warm-up), or ``engine_start`` whole where vLLM's log cannot be read, then
+    # ``probe`` (the agent's prefill probe). Empty: not measured.
+    start_phases: dict[str, float] = Field(default_factory=dict, max_length=8)
+
     # Bumped by the agent on each engine (re)start so the router can tell a restart
     # from a heartbeat and drop per-incarnation state.
     incarnation: int = 0

@@ -14,7 +14,9 @@ back in ``Pulled``: the cold-start benchmark and the agent's start-up metrics us
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -26,6 +28,19 @@ from modelstore.checksum import folder_checksum
 
 # Files are copied in pieces this size, so progress shows on a large file too.
 _PIECE = 8 << 20
+
+
+def record_path(version_folder: Path) -> Path:
+    """Where a pull leaves its timings: beside the version's folder, not in it (a file
+    inside would change the folder's checksum). The agent reads it (``start_phases``)."""
+    return version_folder.with_name(f".{version_folder.name}.pull.json")
+
+
+def read_record(version_folder: Path) -> dict | None:
+    try:
+        return json.loads(record_path(version_folder).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class PullError(RuntimeError):
@@ -51,7 +66,7 @@ def pull(
         started = time.monotonic()
         if folder_checksum(target) == checksum:
             progress(f"{model} {version}: cached at {target}, checksum verified")
-            return Pulled(target, True, 0, 0.0, time.monotonic() - started)
+            return _recorded(Pulled(target, True, 0, 0.0, time.monotonic() - started))
         progress(f"{model} {version}: the cached copy fails its checksum; pulling it again")
         shutil.rmtree(target)
     folder = _local_folder(source)
@@ -80,7 +95,17 @@ def pull(
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"{model} {version}: {copied / 1e6:.1f} MB in {copy_s:.1f} s, verified in "
              f"{verify_s:.1f} s, at {target}")  # fmt: skip
-    return Pulled(target, False, copied, copy_s, verify_s)
+    return _recorded(Pulled(target, False, copied, copy_s, verify_s))
+
+
+def _recorded(pulled: Pulled) -> Pulled:
+    record = {"cached": pulled.cached, "bytes_copied": pulled.bytes_copied,
+              "copy_s": round(pulled.copy_s, 3), "verify_s": round(pulled.verify_s, 3),
+              "at_unix_s": round(time.time(), 3)}  # fmt: skip
+    temporary = record_path(pulled.path).with_suffix(f".{secrets.token_hex(4)}.tmp")
+    temporary.write_text(json.dumps(record))
+    os.replace(temporary, record_path(pulled.path))
+    return pulled
 
 
 def _local_folder(source: str) -> Path:

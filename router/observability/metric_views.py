@@ -68,6 +68,12 @@ class WorkerCollector(Collector):
             "absent on CPU)",
             labels=["worker", "role", "kind"],
         )
+        start = GaugeMetricFamily(
+            "pdserve_worker_start_seconds",
+            "Seconds of each part of the worker's engine start, as its agent measured them: "
+            "pull, process_start, weights_load, engine_warm_up (or engine_start whole), probe",
+            labels=["worker", "role", "phase"],
+        )
         now = self._clock()
         counts: dict[tuple[str, str, str], int] = defaultdict(int)
         for w in self._registry.workers():
@@ -81,12 +87,14 @@ class WorkerCollector(Collector):
                                ("hits", load.prefix_cache_hits),
                                ("memory", load.engine_memory_bytes)):  # fmt: skip
                 families[key].add_metric(labels, value)
+            for phase, seconds in w.registration.start_phases.items():
+                start.add_metric([*labels, phase], seconds)
             if load.accelerator_memory_total_bytes:
                 accelerator.add_metric([*labels, "used"], load.accelerator_memory_used_bytes)
                 accelerator.add_metric([*labels, "total"], load.accelerator_memory_total_bytes)
         for (model, role, state), count in counts.items():
             eligible.add_metric([model, role, state], count)
-        yield from (eligible, *families.values(), accelerator)
+        yield from (eligible, *families.values(), accelerator, start)
 
 
 class SharedStateCollector(Collector):

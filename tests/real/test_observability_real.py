@@ -51,3 +51,20 @@ def test_kv_transfers_prefix_hits_memory_and_tokens_on_real_engines(router_url):
         before, "pdserve_generation_tokens_total", model=MODEL
     )
     assert (grew_in, grew_out) == (usage_in, usage_out)
+
+
+def test_each_engines_start_is_reported_in_its_parts(router_url):
+    """vLLM's weight load and warm-up split out of the start (agent.start_phases), and
+    the agent's probe: all there, and the parts of a start no larger than the whole of it
+    as vLLM's own log times it."""
+    samples = scrape(router_url + "/metrics")
+    for worker, role in (("prefill-0", "prefill"), ("decode-0", "decode")):
+        phase = {
+            name: total(samples, "pdserve_worker_start_seconds", worker=worker, phase=name)
+            for name in ("process_start", "weights_load", "engine_warm_up", "probe")
+        }
+        assert phase["weights_load"] > 0 and phase["engine_warm_up"] > 0, (worker, phase)
+        assert phase["process_start"] > 0, (worker, phase)
+        assert total(samples, "pdserve_worker_start_seconds", worker=worker,
+                     phase="engine_start") == 0  # fmt: skip
+        assert (phase["probe"] > 0) == (role == "prefill")  # decode is not probed

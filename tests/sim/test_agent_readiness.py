@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadgen.prometheus_text import scrape, total
 from localrun.cluster import LocalCluster
 from tests.clusters import MODEL, small_sim_cluster
 from tests.conditions import wait_for
@@ -40,6 +41,16 @@ def test_a_ready_worker_has_its_ready_file_and_a_private_token_file(cluster: Loc
         agent_env = (f"/proc/{cluster.agents[name].pid}/environ",)
         with open(*agent_env, "rb") as environ:
             assert b"PDSERVE_AGENT_TOKEN=" not in environ.read()
+
+
+def test_each_workers_start_is_reported_whole_for_a_sim(cluster: LocalCluster):
+    """A simulator writes none of vLLM's log lines: its start is reported whole."""
+    samples = scrape(cluster.router_url + "/metrics")
+    for name in ("prefill-0", "decode-0"):
+        assert total(samples, "pdserve_worker_start_seconds", worker=name,
+                     phase="engine_start") > 0  # fmt: skip
+        assert total(samples, "pdserve_worker_start_seconds", worker=name,
+                     phase="weights_load") == 0  # fmt: skip
 
 
 def test_sigterm_removes_the_ready_file_at_once_and_the_stream_still_finishes(

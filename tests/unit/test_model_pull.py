@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from modelstore.checksum import folder_checksum
-from modelstore.pull import PullError, pull
+from modelstore.pull import PullError, pull, read_record
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def quiet(_: str) -> None:
 
 
 def leftovers(cache: Path) -> list[str]:
-    return sorted(p.name for p in (cache / "m").iterdir() if p.name != "v1")
+    return sorted(p.name for p in (cache / "m").iterdir() if p.name not in ("v1", ".v1.pull.json"))
 
 
 def test_a_pull_copies_verifies_and_a_second_pull_only_verifies(artifact, tmp_path):
@@ -35,10 +35,12 @@ def test_a_pull_copies_verifies_and_a_second_pull_only_verifies(artifact, tmp_pa
     assert first.path == cache / "m" / "v1" and not first.cached
     assert first.bytes_copied == sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     assert folder_checksum(first.path) == checksum
+    assert read_record(first.path)["bytes_copied"] == first.bytes_copied
 
     second = pull(str(artifact), model="m", version="v1", checksum=checksum, cache=cache,
                   progress=quiet)  # fmt: skip
     assert second.cached and second.bytes_copied == 0
+    assert read_record(second.path)["cached"] is True  # the agent reports this pod's pull
     assert leftovers(cache) == []
 
 
