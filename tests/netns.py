@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from localrun.cluster import LocalCluster
 from localrun.hosts import Host
 
 INTERFACE = "pd0"
@@ -84,6 +85,26 @@ class Network:
             if not (address.is_loopback or address == own):
                 strays.append(local)
         return strays
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """A cluster spread over a network's hosts, with a second router replica."""
+
+    net: Network
+    cluster: LocalCluster
+    replica_url: str
+
+    @property
+    def router_url(self) -> str:
+        return self.cluster.router_url
+
+    @property
+    def routers(self) -> tuple[str, str]:
+        return self.cluster.router_url, self.replica_url
+
+    def engine_url(self, worker: str) -> str:
+        return self.cluster.worker(worker).engine_url
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,22 +36,8 @@ HOSTS = ("redis", "router", "prefill", "decode", "replica", "reference")
 GREEDY = {"temperature": 0, "max_tokens": 16, "ignore_eos": True, "return_token_ids": True}
 
 
-@dataclass(frozen=True, slots=True)
-class Fleet:
-    net: netns.Network
-    cluster: LocalCluster
-    replica_url: str
-
-    @property
-    def router_url(self) -> str:
-        return self.cluster.router_url
-
-    def engine_url(self, worker: str) -> str:
-        return self.cluster.worker(worker).engine_url
-
-
 @pytest.fixture(scope="module")
-def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Fleet]:
     run_dir = tmp_path_factory.mktemp("multihost")
     with netns.network(HOSTS) as net:
         hosts = net.hosts
@@ -75,7 +60,7 @@ def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         try:
             cluster.start()
             replica = cluster.start_replica(replica_url, host=hosts["replica"])
-            yield Fleet(net, cluster, replica_url)
+            yield netns.Fleet(net, cluster, replica_url)
         finally:
             cluster.stop()
             if replica is not None:
@@ -83,7 +68,7 @@ def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             redis.stop()
 
 
-def test_every_process_listens_on_its_own_host_address_only(fleet: Fleet):
+def test_every_process_listens_on_its_own_host_address_only(fleet: netns.Fleet):
     for name in fleet.net.hosts:
         listening = fleet.net.listeners(name)
         print(f"{name}: {' '.join(sorted(listening))}")
@@ -92,7 +77,7 @@ def test_every_process_listens_on_its_own_host_address_only(fleet: Fleet):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_greedy_output_across_hosts_equals_colocated(fleet: Fleet, stream):
+def test_greedy_output_across_hosts_equals_colocated(fleet: netns.Fleet, stream):
     body = {"prompt": "import os\nimport sys\n\nclass Reader:\n", **GREEDY, "stream": stream}
     reference = generate(
         fleet.engine_url("colocated-0"), "/v1/completions", {**body, "model": COLOCATED_MODEL}
@@ -104,7 +89,7 @@ def test_greedy_output_across_hosts_equals_colocated(fleet: Fleet, stream):
     assert routed.text == reference.text
 
 
-def test_the_prompts_kv_crosses_the_decode_hosts_wire(fleet: Fleet, tiny_model: Path):
+def test_the_prompts_kv_crosses_the_decode_hosts_wire(fleet: netns.Fleet, tiny_model: Path):
     def by_source(source: str) -> float:
         samples = scrape(fleet.engine_url("decode-0") + "/metrics")
         return total(samples, "vllm:prompt_tokens_by_source_total", source=source)
@@ -125,7 +110,7 @@ def test_the_prompts_kv_crosses_the_decode_hosts_wire(fleet: Fleet, tiny_model: 
     assert received >= prompt_tokens * _kv_bytes_per_token(tiny_model, element_bytes=2)
 
 
-def test_kv_events_reach_both_routers_across_hosts(fleet: Fleet):
+def test_kv_events_reach_both_routers_across_hosts(fleet: netns.Fleet):
     prompt = "a prompt whose blocks the routers should learn of: " + "words " * 300
     result = generate(fleet.router_url, "/v1/completions",
                       {"model": MODEL, "prompt": prompt, "max_tokens": 1})  # fmt: skip
@@ -138,7 +123,7 @@ def test_kv_events_reach_both_routers_across_hosts(fleet: Fleet):
         )  # fmt: skip
 
 
-def test_the_replica_on_a_fourth_host_serves_the_same_fleet(fleet: Fleet):
+def test_the_replica_on_a_fourth_host_serves_the_same_fleet(fleet: netns.Fleet):
     workers = fleet.cluster.admin("GET", "/admin/workers")["workers"]
     assert {w["worker_id"]: w["eligible"] for w in workers} == {
         "prefill-0": True,

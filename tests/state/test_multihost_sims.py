@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from agent import process_group
-from localrun.cluster import LocalCluster
 from localrun.ports import free_ports
 from localrun.redis_server import RedisServer
 from tests import netns
@@ -36,19 +34,8 @@ HEARTBEAT_TIMEOUT_S = 3
 HOSTS = ("redis", "router", "replica", "prefill-0", "decode-0", "decode-1")
 
 
-@dataclass(frozen=True, slots=True)
-class Fleet:
-    net: netns.Network
-    cluster: LocalCluster
-    replica_url: str
-
-    @property
-    def routers(self) -> tuple[str, str]:
-        return self.cluster.router_url, self.replica_url
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Fleet]:
     run_dir = tmp_path_factory.mktemp("multihost-sims")
     with netns.network(HOSTS) as net:
         redis = RedisServer(run_dir, net.hosts["redis"])
@@ -68,7 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 hosts={name: net.hosts[name] for name in HOSTS[1:] if name != "replica"},
             ) as cluster:  # fmt: skip
                 replica = cluster.start_replica(replica_url, host=net.hosts["replica"])
-                yield Fleet(net, cluster, replica_url)
+                yield netns.Fleet(net, cluster, replica_url)
                 process_group.stop([replica], grace_s=15)
                 replica = None
         finally:
@@ -90,13 +77,13 @@ def served(url: str) -> int:
     return generate(url, "/v1/completions", body, timeout_s=30).status
 
 
-def test_every_process_listens_on_its_own_host_address_only(fleet: Fleet):
+def test_every_process_listens_on_its_own_host_address_only(fleet: netns.Fleet):
     for name in fleet.net.hosts:
         assert fleet.net.listeners(name), f"nothing listens on {name}"
         assert fleet.net.strays(name) == [], name
 
 
-def test_heartbeats_cross_hosts_and_keep_every_worker_ready_past_the_timeout(fleet: Fleet):
+def test_heartbeats_cross_hosts_and_keep_every_worker_ready_past_the_timeout(fleet: netns.Fleet):
     want = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
     for url in fleet.routers:
         wait_for(lambda u=url: ready_roles(u) == want, 30, f"{url} to see the fleet ready")
@@ -112,7 +99,7 @@ def test_heartbeats_cross_hosts_and_keep_every_worker_ready_past_the_timeout(fle
 
 
 def test_a_ratio_change_re_roles_a_worker_on_another_host_and_both_routers_follow(
-    fleet: Fleet,
+    fleet: netns.Fleet,
 ):
     for prefill, decode in ((2, 1), (1, 2)):
         answer = httpx.put(f"{fleet.cluster.router_url}/admin/v1/pools/{MODEL}",
