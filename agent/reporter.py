@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +14,7 @@ from agent import engine_memory
 from agent.engine_load import parse_load
 from contracts.workers import (
     HeartbeatReply,
+    PullOrder,
     WorkerHeartbeat,
     WorkerLoad,
     WorkerRegistration,
@@ -45,6 +47,8 @@ class RouterReporter:
         interval_s: float = 2.0,
         timeout_s: float = 3.0,
         ready_file: Path | None = None,
+        pulled_versions: Callable[[], tuple[str, ...]] = tuple,
+        on_pull_order: Callable[[PullOrder], None] = lambda order: None,
     ) -> None:
         # Several router replicas, comma-separated: reports go to the last one that
         # answered; an unreachable one hands over to the next (they share state).
@@ -57,6 +61,8 @@ class RouterReporter:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._ready_file = ready_file
+        self._pulled_versions = pulled_versions
+        self._on_pull_order = on_pull_order
         self.ready = False
         self.draining = False
         self.wanted_role: WorkerRole | None = None
@@ -107,6 +113,7 @@ class RouterReporter:
             draining=self.draining,
             incarnation=self.registration.incarnation,
             load=load,
+            pulled_versions=self._pulled_versions(),
         )
         status, reply = await self._exchange(
             "/admin/workers/heartbeat", heartbeat.model_dump(mode="json")
@@ -131,9 +138,12 @@ class RouterReporter:
 
     def _heed(self, reply: object) -> None:
         try:
-            wanted = HeartbeatReply.model_validate(reply).role
+            answer = HeartbeatReply.model_validate(reply)
         except ValueError:
             return  # an older router's reply: nothing asked of us
+        if answer.pull is not None:
+            self._on_pull_order(answer.pull)
+        wanted = answer.role
         if wanted is not None and wanted is not self.registration.role:
             if self.wanted_role is None:
                 log.info("the router asks this worker to serve %s", wanted.value)

@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from agent.engine_dtype import DTYPE_ENV, DTYPES, DtypeChoice, choose_dtype
 from agent.engine_spec import EngineSpec, detect_device
+from agent.log_echo import echo_log
 from agent.prefill_probe import ProbePlan, measure_prefill
+from agent.prepull import Prepuller
 from agent.reporter import RouterReporter
 from agent.start_phases import start_phases
 from agent.supervisor import EngineSupervisor, SupervisorPolicy
@@ -71,6 +74,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vllm, or pdserve's simulator in its place")  # fmt: skip
     parser.add_argument("--sim-profile", default="tiny-cpu", help="timing profile for --engine sim")
     parser.add_argument("--log-file", default=None, help="engine log (default: next to cwd)")
+    parser.add_argument("--echo-engine-log", action="store_true",
+                        help="copy the engine log to this agent's stdout as it grows, and "
+                        "empty it past 64 MiB: in a pod, `kubectl logs` shows the engine "
+                        "while the agent still reads vLLM's start-up figures from the "
+                        "file")  # fmt: skip
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
@@ -216,6 +224,19 @@ class _Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        prepuller = Prepuller(Path(spec.model_path))
+        echo = None
+        if self.args.echo_engine_log:
+            echo = asyncio.create_task(echo_log(self.log_path, sys.stdout.buffer))
+        try:
+            await self._report_and_serve(role, spec, stop, prepuller)
+        finally:
+            if echo is not None:
+                echo.cancel()
+
+    async def _report_and_serve(
+        self, role: WorkerRole, spec: EngineSpec, stop: asyncio.Event, prepuller: Prepuller
+    ) -> None:
         async with RouterReporter(
             router_url=self.args.router_url,
             agent_token=self.token,
@@ -223,6 +244,8 @@ class _Agent:
             engine_url=f"http://{spec.host}:{spec.port}",
             interval_s=self.args.heartbeat_interval_s,
             ready_file=self.args.ready_file,
+            pulled_versions=prepuller.versions,
+            on_pull_order=prepuller.order,
         ) as reporter:
             incarnation = 0
             while True:

@@ -68,6 +68,11 @@ class CanaryStage(BaseModel):
         "the header named in `sticky_header`",
     )
     sticky_header: str | None = Field(None, pattern=r"^[A-Za-z0-9\-]{1,64}$")
+    prepull_workers: int = Field(
+        0, ge=0, le=1000,
+        description="pull the canary's version into this many workers' node caches "
+        "first, and send it no traffic until that many report it pulled (0: no pre-pull)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _header_named(self) -> CanaryStage:

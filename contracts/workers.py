@@ -140,16 +140,32 @@ class WorkerHeartbeat(BaseModel):
     draining: bool = False
     incarnation: int = 0
     load: WorkerLoad = WorkerLoad()
+    # Versions of this worker's model that are pulled and verified in its node's cache
+    # (``modelstore.pull``): a canary's pre-pull gate counts them.
+    pulled_versions: tuple[str, ...] = Field(default=(), max_length=32)
+
+
+class PullOrder(BaseModel):
+    """Pull this version of the worker's model into its node's cache (a canary's
+    pre-pull): from ``artifact``, verified against ``checksum``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: str = Field(min_length=1, max_length=128)
+    artifact: str = Field(min_length=1, max_length=1000)
+    checksum: str = Field(min_length=1, max_length=200)
 
 
 class HeartbeatReply(BaseModel):
     """The router's answer to a heartbeat: what the control plane wants of this worker.
 
     ``role``: serve this role instead (the pool's P:D ratio changed): drain, restart the
-    engine in that role and register again. None: carry on.
+    engine in that role and register again. None: carry on. ``pull``: pull another
+    version into the node's cache, beside the one served (nothing restarts).
     """
 
     model_config = ConfigDict(frozen=True)
 
     ok: bool = True
     role: WorkerRole | None = None
+    pull: PullOrder | None = None

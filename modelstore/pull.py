@@ -43,6 +43,19 @@ def read_record(version_folder: Path) -> dict | None:
         return None
 
 
+def pulled_versions(version_folder: Path) -> tuple[str, ...]:
+    """The versions pulled beside ``version_folder`` (the same model, the same cache),
+    each with its folder and record; () for a folder a pull did not place."""
+    if read_record(version_folder) is None:
+        return ()
+    found = []
+    for record in sorted(version_folder.parent.glob(".*.pull.json"))[:32]:
+        version = record.name[1 : -len(".pull.json")]
+        if (version_folder.parent / version).is_dir():
+            found.append(version)
+    return tuple(found)
+
+
 class PullError(RuntimeError):
     """The version cannot be pulled as asked: no such source, or a checksum mismatch."""
 

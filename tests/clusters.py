@@ -146,11 +146,12 @@ def small_sim_cluster(
     """A sim cluster of one test module's own (quiet, half-second heartbeats), stopped on
     exit; ``plan`` sets any other ``ClusterPlan`` field."""
     (port,) = free_ports(1)
-    quick = {"ready_timeout_s": 60, "heartbeat_interval_s": 0.5, "drain_timeout_s": 2}
+    quick = {"model_path": tiny_llama.ensure(), "ready_timeout_s": 60,
+             "heartbeat_interval_s": 0.5, "drain_timeout_s": 2}  # fmt: skip
     local = LocalCluster(
         ClusterPlan(
-            model_path=tiny_llama.ensure(), served_name=MODEL, prefill=prefill, decode=decode,
-            port=port, run_dir=run_dir, engine="sim", **{**quick, **plan},
+            served_name=MODEL, prefill=prefill, decode=decode, port=port, run_dir=run_dir,
+            engine="sim", **{**quick, **plan},
         ),
         say=lambda _: None,
     )  # fmt: skip

@@ -148,7 +148,9 @@ def agent_command(role: str) -> list[str]:
         "--host", "$(POD_IP)", "--port", str(ENGINE_PORT),
         "--router-url", ROUTER_URL,
         "--drain-timeout-s", str(DRAIN_S), "--ready-timeout-s", str(STARTUP_BUDGET_S),
-        "--ready-file", f"{RUN}/ready", "--log-file", "/dev/stdout",
+        # The engine's log in a file the agent reads vLLM's start-up figures from, and
+        # echoes to the container's stdout (bounded at 64 MiB).
+        "--ready-file", f"{RUN}/ready", "--log-file", "/tmp/engine.log", "--echo-engine-log",
     ]  # fmt: skip
     if role != "embed":
         command += ["--kv-events-endpoint", f"tcp://$(POD_IP):{KV_EVENTS_PORT}"]

@@ -35,6 +35,8 @@ class WorkerState:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     # When a heartbeat last showed the engine's preemption count rising (KV ran out).
     preempted_at_s: float | None = None
+    # Versions of its model in its node's cache, as its last heartbeat reported.
+    pulled_versions: frozenset[str] = frozenset()
 
     @property
     def worker_id(self) -> str:
@@ -143,6 +145,7 @@ class WorkerRegistry:
         if heartbeat.load.num_preemptions > state.load.num_preemptions:
             state.preempted_at_s = now_s
         state.load = heartbeat.load
+        state.pulled_versions = frozenset(heartbeat.pulled_versions)
         return True
 
     def deregister(self, worker_id: str) -> bool:

@@ -42,6 +42,7 @@ from router.http.answer_schemas import (
 from router.http.http_io import json_body, unless_disconnected
 from router.prepare.prepare import Endpoint, prepare
 from router.prepare.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from router.rollout.prepull import pull_order
 
 if TYPE_CHECKING:
     from router.admission.tenants import Tenant
@@ -265,7 +266,10 @@ async def heartbeat(request: Request) -> Response:
     if worker is not None:
         parts.accounting.heartbeat(worker.registration, beat)
     await parts.sync.heartbeat(beat)
-    reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id))
+    pull = None
+    if worker is not None:
+        pull = pull_order(parts.rollout.rollout, worker, parts.registry.workers())
+    reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id), pull=pull)
     return JSONResponse(reply.model_dump(mode="json"))
 
 

@@ -115,7 +115,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     )  # fmt: skip
     pipeline = _pipeline(settings, registry, admission, orchestrator, metrics, clock,
                          engines=upstream.engines, load=load)  # fmt: skip
-    rollout_path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock)
+    path = _rollout_path(settings, rollout, state, pipeline, metrics, upstream, clock, registry)
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
         accounting=accounting, backend_up=lambda: sync.backend_up, engines=upstream.engines,
@@ -125,8 +125,8 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,
         pipeline=pipeline, state=state, sync=sync, pools=pools,
         admin_tokens=_admin_tokens(settings), networks=networks, tenants=_tenants(settings),
-        accounting=accounting, admission=admission, rollout=rollout, rollout_path=rollout_path,
-        review=rollout_path.review, on_registered=registered,
+        accounting=accounting, admission=admission, rollout=rollout, rollout_path=path,
+        review=path.review, on_registered=registered,
         batch=build_batch_tier(settings.batch, state),
     )  # fmt: skip
 
@@ -184,6 +184,7 @@ def _rollout_path(
     metrics: RouterMetrics,
     upstream: Upstream,
     clock: Callable[[], float],
+    registry: WorkerRegistry,
 ) -> RolloutPath:
     shadow = ShadowMirror(
         pipeline.serve_shadow, max_inflight=settings.rollout.shadow_max_inflight,
@@ -195,6 +196,7 @@ def _rollout_path(
     return RolloutPath(
         rollout.rollout, review=ReviewQueue(state, wall_clock=time.time), shadow=shadow,
         metrics=metrics, call_hook=_hook_caller(upstream), clock=clock,
+        workers=registry.workers,
     )  # fmt: skip
 
 

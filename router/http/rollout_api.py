@@ -22,6 +22,7 @@ from router.errors import InvalidRequest, NotFound, parsed
 from router.http.access import Access, Route, actor_of, may, parts_of
 from router.http.admin_api import state_down
 from router.http.http_io import json_body
+from router.rollout.prepull import gate_open, pulled_count
 from router.rollout.rollout import PolicyState, RouteState
 from router.rollout.shadow import summary
 from router.state.base import StateUnavailable
@@ -166,8 +167,16 @@ async def shadow_records(request: Request, model_id: str) -> dict[str, Any]:
 def _route_view(request: Request, model_id: str, route: RouteState) -> dict[str, Any]:
     control = parts_of(request).rollout
     view = route.as_dict()
-    if route.spec.canary is not None:
+    canary = route.spec.canary
+    if canary is not None:
         view["gate_verdict"] = control.verdict(model_id).as_dict()
+    if canary is not None and canary.prepull_workers:
+        workers = parts_of(request).registry.workers()
+        view["prepull"] = {
+            "version": canary.version, "workers": canary.prepull_workers,
+            "pulled": pulled_count(model_id, canary.version, workers),
+            "open": gate_open(route.spec, model_id, workers),
+        }  # fmt: skip
     return {"model_id": model_id, **view}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
@@ -19,11 +19,13 @@ from contracts.logs import request_id_var
 from contracts.rollout import RouteSpec
 from contracts.safety import HookCheck
 from router.errors import APIError, sse_error_event
+from router.fleet.registry import WorkerState
 from router.observability.metrics import RouterMetrics
 from router.prepare.fan_out import split_choices
 from router.prepare.prepare import PreparedRequest
+from router.rollout.prepull import gate_open
 from router.rollout.review import ReviewQueue
-from router.rollout.rollout import Rollout
+from router.rollout.rollout import Placement, Rollout
 from router.rollout.safety import (
     Hit,
     Screen,
@@ -48,8 +50,10 @@ class RolloutPath:
         metrics: RouterMetrics,
         call_hook: Callable[[HookCheck, dict[str, Any]], Any],
         clock: Callable[[], float],
+        workers: Callable[[], Iterable[WorkerState]] = tuple,
     ) -> None:
         self._rollout = rollout
+        self._workers = workers  # the registry's: a canary's pre-pull gate counts them
         self.review = review
         self.shadow = shadow
         self._metrics = metrics
@@ -70,6 +74,9 @@ class RolloutPath:
         placement = self._rollout.place(
             request.model, _sticky_key(route.spec, request, headers), request_id_var.get()
         )
+        if placement.stage == "canary" and not gate_open(route.spec, request.model,
+                                                         self._workers()):  # fmt: skip
+            placement = Placement("prod", route.spec.prod)  # not pre-pulled yet
         return dataclasses.replace(request, stage=placement.stage, version=placement.version)
 
     def mirror(

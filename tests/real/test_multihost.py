@@ -34,6 +34,9 @@ pytestmark = [
 
 HOSTS = ("redis", "router", "prefill", "decode", "replica", "reference")
 GREEDY = {"temperature": 0, "max_tokens": 16, "ignore_eos": True, "return_token_ids": True}
+# UCX's TCP listening ports, as deploy/k8s pins them for its NetworkPolicy (per namespace:
+# no clash with the box's own ports).
+UCX_TCP_PORTS = (47000, 47099)
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +60,17 @@ def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         )  # fmt: skip
         cluster = LocalCluster(plan)
         replica = None
-        try:
-            cluster.start()
-            replica = cluster.start_replica(replica_url, host=hosts["replica"])
-            yield netns.Fleet(net, cluster, replica_url)
-        finally:
-            cluster.stop()
-            if replica is not None:
-                process_group.stop([replica], grace_s=15)
-            redis.stop()
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("UCX_TCP_PORT_RANGE", "-".join(map(str, UCX_TCP_PORTS)))
+            try:
+                cluster.start()
+                replica = cluster.start_replica(replica_url, host=hosts["replica"])
+                yield netns.Fleet(net, cluster, replica_url)
+            finally:
+                cluster.stop()
+                if replica is not None:
+                    process_group.stop([replica], grace_s=15)
+                redis.stop()
 
 
 def test_every_process_listens_on_its_own_host_address_only(fleet: netns.Fleet):
@@ -74,6 +79,21 @@ def test_every_process_listens_on_its_own_host_address_only(fleet: netns.Fleet):
         print(f"{name}: {' '.join(sorted(listening))}")
         assert listening, f"nothing listens on {name}"
         assert fleet.net.strays(name) == [], name
+
+
+def test_a_pd_worker_listens_only_on_the_ports_its_network_policy_opens(fleet: netns.Fleet):
+    """deploy/k8s opens a P/D worker's engine, KV event and NIXL side channel ports and
+    UCX's TCP range (``UCX_TCP_PORT_RANGE``) to its peers: nothing else may listen on
+    its address, or the policy would cut it off."""
+    for host, worker in (("prefill", "prefill-0"), ("decode", "decode-0")):
+        plan = fleet.cluster.worker(worker)
+        named = {plan.engine_port, plan.kv_events_port, plan.side_channel_port}
+        address = fleet.net.hosts[host].address
+        ports = {int(local.rsplit(":", 1)[1]) for local in fleet.net.listeners(host)
+                 if local.rsplit(":", 1)[0] == address}  # fmt: skip
+        assert named <= ports, (worker, sorted(ports))
+        low, high = UCX_TCP_PORTS
+        assert {p for p in ports - named if not low <= p <= high} == set(), (worker, ports)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
