@@ -56,6 +56,13 @@ def _add_rollout_actions(actions: argparse._SubParsersAction) -> None:
     route.add_argument("--prod", help="the prod version (default: unchanged)")
     route.add_argument("--canary", help="a canary version")
     route.add_argument("--weight", type=float, default=0.1, help="the canary's share")
+    route.add_argument(
+        "--prepull",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pull the canary's version on N workers before it gets traffic",
+    )
     route.add_argument("--sticky", choices=["api_key", "user", "header"], default="api_key")
     route.add_argument("--shadow", help="a shadow version")
     route.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored")
@@ -158,7 +165,8 @@ def _route_body(call: Caller, route: str, args: argparse.Namespace) -> dict[str,
         current = call("GET", route)["spec"]
     body = {**current, "prod": args.prod or current.get("prod")}
     if args.canary:
-        body["canary"] = {"version": args.canary, "weight": args.weight, "stickiness": args.sticky}
+        body["canary"] = {"version": args.canary, "weight": args.weight, "stickiness": args.sticky,
+                          "prepull_workers": args.prepull}  # fmt: skip
     if args.shadow:
         body["shadow"] = {"version": args.shadow, "sample_rate": args.sample_rate}
     return body

@@ -387,7 +387,7 @@ def test_the_admin_cli_registers_routes_rolls_back_and_reviews(cluster, capsys):
     changed = pdserve_admin(capsys, OPERATOR, url, "route", MODEL, "--canary", "v3", "--weight",
                             "0.2", "--sticky", "user")  # fmt: skip
     assert changed["spec"]["canary"] == {"version": "v3", "weight": 0.2, "stickiness": "user",
-                                         "sticky_header": None}  # fmt: skip
+                                         "sticky_header": None, "prepull_workers": 0}  # fmt: skip
     assert changed["spec"]["prod"] == "v2"
     shown = pdserve_admin(capsys, OPERATOR, url, "policy", MODEL)
     assert shown["safety"]["keep_prompt"] and not shown["requires_approval"]
