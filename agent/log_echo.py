@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from agent.start_phases import log_offset
+
 CAP_BYTES = 64 << 20
 _PIECE = 1 << 16
 
@@ -23,8 +25,9 @@ _PIECE = 1 << 16
 async def echo_log(
     path: Path, out: BinaryIO, *, cap_bytes: int = CAP_BYTES, interval_s: float = 0.5
 ) -> None:
-    """Follow ``path`` into ``out`` until cancelled."""
-    offset = 0
+    """Follow ``path`` into ``out`` until cancelled, from its end as it is now: what an
+    earlier run of the container wrote there was echoed then."""
+    offset = max(0, log_offset(path))
     while True:
         offset = await asyncio.to_thread(_copy_new, path, out, offset, cap_bytes)
         await asyncio.sleep(interval_s)

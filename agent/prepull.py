@@ -31,9 +31,8 @@ class Prepuller:
         self._in_cache = read_record(served_folder) is not None
 
     def __repr__(self) -> str:
-        return (
-            f"Prepuller({self._folder}, pulling={self._task is not None and not self._task.done()})"
-        )
+        pulling = self._task is not None and not self._task.done()
+        return f"Prepuller({self._folder}, pulling={pulling})"
 
     def versions(self) -> tuple[str, ...]:
         return pulled_versions(self._folder) if self._in_cache else ()

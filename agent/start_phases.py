@@ -7,8 +7,9 @@
   ("Initializing model took", "Loading weights took", "init engine (profile, create kv
   cache, warmup model) took"); ``process_start`` is the rest of the time from spawning
   the engine to its answering (imports, workers, the API server).
-- ``engine_start``: the whole of that, where the log cannot be read (it goes to the
-  pod's stdout) or names none of vLLM's figures (the simulator).
+- ``engine_start``: the whole of that, where the log cannot be read (a pipe such as
+  ``/dev/stdout``; pods keep a file and echo it: ``agent.log_echo``) or names none of
+  vLLM's figures (the simulator).
 - ``probe``: the agent's prefill probe, the last thing before it registers.
 """
 

@@ -2,6 +2,7 @@
 # What the tests run besides Python, from Debian packages:
 # - redis-server: the Redis state backend is tested against a real one;
 # - promtool (package prometheus): the alert rules in deploy/prometheus are tested with it;
+# - iproute2 (ip, ss): the multi-host tests' network namespaces;
 # - kustomize, where no kubectl with kustomize v4+ is: deploy/k8s's overlays are rendered.
 # `make run` needs none of them: a single router keeps its state in memory.
 set -euo pipefail
@@ -31,6 +32,8 @@ fi
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# ip and ss: the multi-host tests put each process in a network namespace of its own.
+command -v ip >/dev/null 2>&1 && command -v ss >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -eq 0 ]; then
   echo "[install] $(redis-server --version | cut -d' ' -f1-3), $(promtool --version 2>&1 | head -1) present"
   exit 0

@@ -268,7 +268,7 @@ async def heartbeat(request: Request) -> Response:
     await parts.sync.heartbeat(beat)
     pull = None
     if worker is not None:
-        pull = pull_order(parts.rollout.rollout, worker, parts.registry.workers())
+        pull = pull_order(parts.rollout.rollout, worker, parts.registry.workers)
     reply = HeartbeatReply(role=parts.pools.wanted_role(beat.worker_id), pull=pull)
     return JSONResponse(reply.model_dump(mode="json"))
 

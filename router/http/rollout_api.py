@@ -175,7 +175,7 @@ def _route_view(request: Request, model_id: str, route: RouteState) -> dict[str,
         view["prepull"] = {
             "version": canary.version, "workers": canary.prepull_workers,
             "pulled": pulled_count(model_id, canary.version, workers),
-            "open": gate_open(route.spec, model_id, workers),
+            "open": gate_open(route.spec, model_id, lambda: workers),
         }  # fmt: skip
     return {"model_id": model_id, **view}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from contracts.rollout import RouteSpec
 from contracts.workers import PullOrder
@@ -47,24 +47,27 @@ def _digest(version: str, worker_id: str) -> str:
     return hashlib.sha256(f"{version}\0{worker_id}".encode()).hexdigest()
 
 
-def gate_open(spec: RouteSpec, model: str, workers: Iterable[WorkerState]) -> bool:
-    """May the canary get traffic: pre-pulled on as many workers as it asks (if any)?"""
+def gate_open(spec: RouteSpec, model: str, workers: Callable[[], Iterable[WorkerState]]) -> bool:
+    """May the canary get traffic: pre-pulled on as many workers as it asks (if any)?
+    ``workers`` is called only when a pre-pull is asked: a canary request without one
+    reads no fleet."""
     canary = spec.canary
     if canary is None or not canary.prepull_workers:
         return True
-    return pulled_count(model, canary.version, workers) >= canary.prepull_workers
+    return pulled_count(model, canary.version, workers()) >= canary.prepull_workers
 
 
 def pull_order(
-    rollout: Rollout, worker: WorkerState, workers: Iterable[WorkerState]
+    rollout: Rollout, worker: WorkerState, workers: Callable[[], Iterable[WorkerState]]
 ) -> PullOrder | None:
-    """What ``worker`` should pull now for its model's canary, if anything."""
+    """What ``worker`` should pull now for its model's canary, if anything. Asked at
+    every heartbeat: ``workers`` is called only while this worker may still pull."""
     model = worker.registration.model
     route = rollout.route(model)
     canary = None if route is None else route.spec.canary
     if canary is None or not canary.prepull_workers or canary.version in worker.pulled_versions:
         return None
-    if worker.worker_id not in chosen_workers(model, canary.version, workers,
+    if worker.worker_id not in chosen_workers(model, canary.version, workers(),
                                               canary.prepull_workers):  # fmt: skip
         return None
     artifact = rollout.artifact(model, canary.version)

@@ -74,8 +74,7 @@ class RolloutPath:
         placement = self._rollout.place(
             request.model, _sticky_key(route.spec, request, headers), request_id_var.get()
         )
-        if placement.stage == "canary" and not gate_open(route.spec, request.model,
-                                                         self._workers()):  # fmt: skip
+        if placement.stage == "canary" and not gate_open(route.spec, request.model, self._workers):
             placement = Placement("prod", route.spec.prod)  # not pre-pulled yet
         return dataclasses.replace(request, stage=placement.stage, version=placement.version)
 

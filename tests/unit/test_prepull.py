@@ -62,21 +62,21 @@ def test_the_chosen_are_those_that_have_it_then_a_stable_hash_order():
 def test_only_the_chosen_without_the_version_are_told_to_pull_it():
     registry = fleet({"w0": (), "w1": (), "w2": (), "w3": ("v2",)})
     plan, workers = rollout(prepull_workers=2), registry.workers()
-    orders = {w.worker_id: pull_order(plan, w, workers) for w in workers}
+    orders = {w.worker_id: pull_order(plan, w, lambda: workers) for w in workers}
     told = {worker_id: order for worker_id, order in orders.items() if order is not None}
     assert len(told) == 1 and "w3" not in told  # w3 has it; one more is chosen
     (order,) = told.values()
     assert (order.version, order.artifact, order.checksum) == ("v2", "/store/v2", checksum("v2"))
-    assert all(pull_order(rollout(0), w, workers) is None for w in workers)
+    assert all(pull_order(rollout(0), w, lambda: workers) is None for w in workers)
 
 
 def test_the_canary_gets_traffic_once_enough_workers_of_its_model_have_it():
     spec = rollout(prepull_workers=2).route(MODEL).spec
     one = fleet({"w0": ("v2",), "w1": ("v1",)}).workers()  # other-0 has v2 but is not m's
-    assert pulled_count(MODEL, "v2", one) == 1 and not gate_open(spec, MODEL, one)
+    assert pulled_count(MODEL, "v2", one) == 1 and not gate_open(spec, MODEL, lambda: one)
     two = fleet({"w0": ("v2",), "w1": ("v1", "v2")}).workers()
-    assert gate_open(spec, MODEL, two)
-    assert gate_open(rollout(prepull_workers=0).route(MODEL).spec, MODEL, [])
+    assert gate_open(spec, MODEL, lambda: two)
+    assert gate_open(rollout(prepull_workers=0).route(MODEL).spec, MODEL, list)
 
 
 def test_an_agent_reports_only_versions_a_pull_placed_beside_its_own(tmp_path: Path):
