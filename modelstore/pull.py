@@ -1,11 +1,11 @@
 """Pull a registered model version from an artifact store into a node's cache, verified.
 
 A pulled version lives at ``CACHE/<model>/<version>``, whole or not at all: files are
-copied into a hidden sibling, the copy's checksum must equal the registry's, and only
-then is it renamed into place. Two pods pulling the same version at once both finish:
-the second rename finds the first one's folder, verifies it, and drops its own copy. A
-folder already in place is verified, never trusted (a cache can rot or be tampered
-with); one that fails is replaced.
+copied into a hidden sibling and hashed as they pass, the checksum must equal the
+registry's, and only then is the copy renamed into place. Two pods pulling the same
+version at once both finish: the second rename finds the first one's folder, verifies
+it, and drops its own copy. A folder already in place is verified, never trusted (a
+cache can rot or be tampered with); one that fails is replaced.
 
 The store is a folder (a mounted volume); an object store (``s3://``, ``hf://``) is
 refused with a clear error until it has a reader here. How long each part took comes
@@ -14,6 +14,7 @@ back in ``Pulled``: the cold-start benchmark and the agent's start-up metrics us
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelstore.checksum import folder_checksum
+from modelstore.checksum import folder_checksum, folder_files
 
 # Files are copied in pieces this size, so progress shows on a large file too.
 _PIECE = 8 << 20
@@ -87,12 +88,10 @@ def pull(
     staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent))
     try:
         started = time.monotonic()
-        copied = _copy(
+        copied, got = _copy(
             folder, staging, progress=lambda line: progress(f"{model} {version}: {line}")
         )
-        copy_s = time.monotonic() - started
-        got = folder_checksum(staging)
-        verify_s = time.monotonic() - started - copy_s
+        copy_s, verify_s = time.monotonic() - started, 0.0  # hashed as it was copied
         if got != checksum:
             raise PullError(
                 f"{model} {version}: {source} has checksum {got}, the registry says {checksum}"
@@ -106,8 +105,8 @@ def pull(
             progress(f"{model} {version}: pulled by another pod meanwhile; keeping that copy")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    progress(f"{model} {version}: {copied / 1e6:.1f} MB in {copy_s:.1f} s, verified in "
-             f"{verify_s:.1f} s, at {target}")  # fmt: skip
+    progress(f"{model} {version}: {copied / 1e6:.1f} MB copied and verified in "
+             f"{copy_s:.1f} s, at {target}")  # fmt: skip
     return _recorded(Pulled(target, False, copied, copy_s, verify_s))
 
 
@@ -132,21 +131,24 @@ def _local_folder(source: str) -> Path:
     return folder
 
 
-def _copy(source: Path, into: Path, progress: Callable[[str], None]) -> int:
-    """Copy a folder's files (or one file) into ``into``; the bytes copied. A line of
-    progress at most every 2 seconds."""
-    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
-    total = sum(p.stat().st_size for p in files)
-    copied, shown = 0, time.monotonic()
-    for path in files:
-        destination = into / (path.name if path == source else path.relative_to(source))
+def _copy(source: Path, into: Path, progress: Callable[[str], None]) -> tuple[int, str]:
+    """Copy a folder's files (or one file) into ``into``, hashing them as they pass
+    (``folder_checksum``'s digest: the copy is not read a second time); the bytes copied
+    and the checksum. A line of progress at most every 2 seconds."""
+    files = folder_files(source)
+    total = sum(path.stat().st_size for _, path in files)
+    digest, copied, shown = hashlib.sha256(), 0, time.monotonic()
+    for name, path in files:
+        digest.update(name.encode())
+        destination = into / name
         destination.parent.mkdir(parents=True, exist_ok=True)
         with path.open("rb") as reader, destination.open("wb") as writer:
             for piece in iter(lambda reader=reader: reader.read(_PIECE), b""):
                 writer.write(piece)
+                digest.update(piece)
                 copied += len(piece)
                 if time.monotonic() - shown > 2:
                     shown = time.monotonic()
                     progress(f"{copied / 1e6:.0f} / {total / 1e6:.0f} MB")
             os.fsync(writer.fileno())
-    return copied
+    return copied, f"sha256:{digest.hexdigest()}"
