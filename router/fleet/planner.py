@@ -1,0 +1,199 @@
+"""The SLO planner's decision: which P/D fleet to run next, and why, in one sentence.
+
+Each interval, on the recent window's load (router/fleet/planner_window.py) and the
+model (router/fleet/planner_model.py):
+1. **Forecast.** Plan for the rate ``lead_s`` ahead on the window's trend, since a
+   change serves only after its workers start; never below today's rate (a falling
+   trend is waited for, not bet on).
+2. **Cheapest fleet that meets the SLO**: every split of every size within the bounds
+   and the budget, predicted at the forecast; the cheapest whose predicted attainment
+   meets the target wins (ties: the higher attainment). If none does, the cheapest within
+   ``ceiling_tolerance`` of the best attainment, and the reason says the SLO is out of
+   reach (prompts too long for the TTFT SLO on any fleet cap every fleet's attainment).
+3. **Hysteresis and the cost of change.**
+   - The current fleet missing the SLO at the forecast changes at once (an SLO miss
+     costs more than a worker).
+   - A cheaper fleet replaces one that meets the SLO only if it also meets it at
+     ``scale_down_margin`` more load, at least ``min_change_interval_s`` after the last
+     change, and if what it saves over ``payback_s`` exceeds what the change costs: every
+     worker that starts or changes role is paid ``change_cost_s`` before it serves.
+
+``plan`` is pure: the clock arrives as ``now_s``. ``Planner`` keeps what ``plan`` needs
+between intervals (the window, the last change) and corrects the model with what it
+measures: while the fleet stood still through an interval, it compares the attainment
+the model predicts for that fleet with the one measured, keeps a decayed average of the
+shortfall (at most ``max_correction``), and plans for the target plus that shortfall.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from router.fleet.planner_model import Fleet, Load, Prediction, Slo, Speeds, fleets, predict
+from router.fleet.planner_window import IntervalSample, PlannerWindow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerPolicy:
+    usd_per_worker_hour: float
+    min_workers: int = 2
+    max_workers: int = 16
+    budget_usd_per_hour: float = math.inf
+    lead_s: float = 60.0
+    scale_down_margin: float = 0.15
+    min_change_interval_s: float = 90.0
+    change_cost_s: float = 60.0
+    payback_s: float = 1800.0
+    ceiling_tolerance: float = 0.005
+    correction_decay: float = 0.7
+    max_correction: float = 0.04
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    fleet: Fleet
+    current: Fleet
+    reason: str
+    forecast_rate_per_s: float
+    prediction: Prediction  # of ``fleet`` at the forecast
+    current_prediction: Prediction
+
+    @property
+    def changes(self) -> bool:
+        return self.fleet != self.current
+
+
+def moved_workers(current: Fleet, target: Fleet) -> int:
+    """Workers that start or change role to go from ``current`` to ``target``."""
+    return max(0, target.prefill - current.prefill) + max(0, target.decode - current.decode)
+
+
+def _cheapest(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> Prediction:
+    budget_workers = policy.max_workers
+    if policy.usd_per_worker_hour > 0 and math.isfinite(policy.budget_usd_per_hour):
+        affordable = int(policy.budget_usd_per_hour // policy.usd_per_worker_hour)
+        budget_workers = min(budget_workers, affordable)
+    candidates = [predict(f, load, speeds, slo, policy.usd_per_worker_hour)
+                  for f in fleets(policy.min_workers, budget_workers)]  # fmt: skip
+    if not candidates:
+        raise ValueError("the budget buys fewer than min_workers workers")
+    meeting = [p for p in candidates if p.meets(slo)]
+    if meeting:
+        return min(meeting, key=lambda p: (p.usd_per_hour, -p.attainment))
+    # Out of reach (prompts too long to ever meet the TTFT SLO cap every fleet): the
+    # cheapest within a hair of the best, not the largest fleet for the last 0.1%.
+    ceiling = max(p.attainment for p in candidates)
+    near = [p for p in candidates if p.attainment >= ceiling - policy.ceiling_tolerance]
+    return min(near, key=lambda p: (p.usd_per_hour, -p.attainment))
+
+
+def plan(
+    current: Fleet, load: Load, *, trend_per_s2: float, speeds: Speeds, slo: Slo,
+    policy: PlannerPolicy, now_s: float, last_change_s: float | None,
+) -> Decision:  # fmt: skip
+    """The fleet to run next; ``current`` counts workers still starting (already paid)."""
+    ahead = load.rate_per_s + max(0.0, trend_per_s2) * policy.lead_s
+    forecast = load.scaled(ahead / load.rate_per_s) if load.rate_per_s > 0 else load
+    now = predict(current, forecast, speeds, slo, policy.usd_per_worker_hour)
+    best = _cheapest(forecast, speeds, slo, policy)
+    rate = f"{forecast.rate_per_s:.2f} req/s"
+
+    def decide(fleet: Fleet, prediction: Prediction, reason: str) -> Decision:
+        return Decision(fleet=fleet, current=current, reason=reason, forecast_rate_per_s=ahead,
+                        prediction=prediction, current_prediction=now)  # fmt: skip
+
+    if not best.meets(slo):
+        return decide(best.fleet, best, f"no fleet within bounds and budget meets the SLO at "
+                      f"{rate}; {best.fleet} comes closest ({best.attainment:.0%})")  # fmt: skip
+    if not now.meets(slo):
+        return decide(best.fleet, best, f"{current} would meet the SLO for {now.attainment:.0%} "
+                      f"of requests at {rate}; {best.fleet} is the cheapest at "
+                      f"{best.attainment:.0%}")  # fmt: skip
+    if best.usd_per_hour >= now.usd_per_hour:
+        return decide(current, now, f"{current} meets the SLO at {rate} "
+                      f"({now.attainment:.0%}) and nothing cheaper does")  # fmt: skip
+    fleet, prediction, reason = _cheaper_if_worth_it(
+        current, now, forecast, speeds=speeds, slo=slo, policy=policy,
+        since_change_s=None if last_change_s is None else now_s - last_change_s,
+    )  # fmt: skip
+    return decide(fleet, prediction, reason)
+
+
+def _cheaper_if_worth_it(
+    current: Fleet, now: Prediction, forecast: Load, *, speeds: Speeds, slo: Slo,
+    policy: PlannerPolicy, since_change_s: float | None,
+) -> tuple[Fleet, Prediction, str]:  # fmt: skip
+    """Scale down, or re-split for less, only with margin, spacing and payback."""
+    rate = f"{forecast.rate_per_s:.2f} req/s"
+    safe = _cheapest(forecast.scaled(1 + policy.scale_down_margin), speeds, slo, policy)
+    if not safe.meets(slo) or safe.usd_per_hour >= now.usd_per_hour:
+        return current, now, (f"{current} meets the SLO at {rate}; nothing cheaper would at "
+                              f"{policy.scale_down_margin:.0%} more load")  # fmt: skip
+    if since_change_s is not None and since_change_s < policy.min_change_interval_s:
+        return (
+            current,
+            now,
+            (
+                f"{safe.fleet} would be cheaper, but the last change was {since_change_s:.0f}s ago "
+                f"(min {policy.min_change_interval_s:.0f}s)"
+            ),
+        )
+    saved = (now.usd_per_hour - safe.usd_per_hour) * policy.payback_s / 3600
+    cost = (
+        moved_workers(current, safe.fleet)
+        * policy.usd_per_worker_hour
+        * policy.change_cost_s
+        / 3600
+    )
+    if saved <= cost:
+        return current, now, (f"{safe.fleet} would save ${saved:.2f} over {policy.payback_s:.0f}s, "
+                              f"less than the change costs (${cost:.2f})")  # fmt: skip
+    predicted = predict(safe.fleet, forecast, speeds, slo, policy.usd_per_worker_hour)
+    return (
+        safe.fleet,
+        predicted,
+        (
+            f"{safe.fleet} meets the SLO at {rate} ({predicted.attainment:.0%}, and at "
+            f"{policy.scale_down_margin:.0%} more load) for ${safe.usd_per_hour:.2f}/h instead of "
+            f"${now.usd_per_hour:.2f}/h"
+        ),
+    )
+
+
+class Planner:
+    """``plan`` each interval over a ``PlannerWindow``, corrected by what was measured."""
+
+    def __init__(self, *, window: PlannerWindow, slo: Slo, policy: PlannerPolicy) -> None:
+        self.window = window
+        self._slo = slo
+        self._policy = policy
+        self.last_change_s: float | None = None
+        self.shortfall = 0.0
+        self.last: Decision | None = None
+
+    def __repr__(self) -> str:
+        return f"Planner(shortfall={self.shortfall:.3f}, last_change_s={self.last_change_s})"
+
+    def step(self, sample: IntervalSample, current: Fleet, *, settled: bool) -> Decision | None:
+        """One interval: ``current`` counts starting workers; ``settled``: no worker
+        started, stopped or changed role during the interval. None: nothing to plan on."""
+        self.window.add(sample)
+        load = self.window.load()
+        if load is None or load.rate_per_s <= 0:
+            return None
+        speeds = self.window.speeds()
+        if settled and sample.lengths:
+            predicted = predict(current, load, speeds, self._slo, 0.0).attainment
+            measured = sample.met_slo / len(sample.lengths)
+            decay = self._policy.correction_decay
+            self.shortfall = decay * self.shortfall + (1 - decay) * (predicted - measured)
+        correction = min(self._policy.max_correction, max(0.0, self.shortfall))
+        slo = replace(self._slo, attainment=min(0.999, self._slo.attainment + correction))
+        decision = plan(current, load, trend_per_s2=self.window.trend_per_s2(), speeds=speeds,
+                        slo=slo, policy=self._policy, now_s=sample.end_s,
+                        last_change_s=self.last_change_s)  # fmt: skip
+        if decision.changes:
+            self.last_change_s = sample.end_s
+        self.last = decision
+        return decision

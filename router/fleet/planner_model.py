@@ -1,0 +1,218 @@
+"""What a P/D fleet of a given size would do under a given load: the planner's model.
+
+A model an SRE can check by hand, on the speeds the fleet itself was measured at:
+
+- **Prefill** is a queue with ``P`` servers (M/G/P). Request ``i``'s service time is
+  ``S_i = prefill_s_per_request + prefill_s_per_token x uncached_i``, where
+  ``uncached_i = input_i x (1 - prefix_hit)``, for every (input, output) pair in the
+  recent window: the distribution, not its average, so a few long prompts count as long.
+  The wait is Erlang C with the Allen-Cunneen correction for the service times' spread:
+  ``P(wait > t) = C(P, a) x exp(-t (P - a) / E[S] x 2 / (1 + cs^2))``, ``a = rate x E[S]``.
+- **Decode** runs one batch per worker; a step costs
+  ``decode_step_s + B x (decode_s_per_seq + decode_s_per_ktoken x context / 1000)``
+  with ``B`` the sequences on the worker. Little's law closes the loop: ``B = rate x
+  E[output] x ITL / D``, so ``ITL = decode_step_s / (1 - rate x E[output] x c / D)``.
+  Batch sizes vary (Poisson), so ITL is judged at the batch's 99th percentile, and the
+  KV a batch holds must fit (``kv_capacity_tokens``) or the engine would preempt.
+- **TTFT** of request ``i`` is its wait, its prefill, the KV handoff and one decode
+  step. Attainment is the fraction of the window's requests predicted under the TTFT
+  SLO, times the fraction of decode steps under the ITL SLO.
+- **Cost** is workers x $/hour; $/1M tokens divides it by the tokens (in and out) the
+  load brings per hour.
+
+Invariants: pure (no clock, no I/O); more workers of a role never predict worse
+attainment; a load past a pool's capacity predicts 0 attainment, never a negative wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    ttft_s: float
+    itl_s: float
+    attainment: float = 0.95  # the fraction of requests that must meet both
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Speeds:
+    """The fleet's measured speeds (per worker)."""
+
+    prefill_s_per_request: float
+    prefill_s_per_token: float
+    decode_step_s: float
+    decode_s_per_seq: float
+    decode_s_per_ktoken: float
+    handoff_s: float  # per request, plus handoff_s_per_ktoken of its prompt
+    handoff_s_per_ktoken: float
+    kv_capacity_tokens: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Load:
+    rate_per_s: float
+    lengths: tuple[tuple[int, int], ...]  # (input, output) tokens of recent requests
+    prefix_hit: float  # the fraction of input tokens found cached
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("a load needs at least one (input, output) sample")
+        if not 0 <= self.prefix_hit <= 1:
+            raise ValueError("prefix_hit is a fraction of input tokens, in [0, 1]")
+
+    @property
+    def tokens_per_request(self) -> float:
+        return sum(i + o for i, o in self.lengths) / len(self.lengths)
+
+    def scaled(self, factor: float) -> Load:
+        return Load(rate_per_s=self.rate_per_s * factor, lengths=self.lengths,
+                    prefix_hit=self.prefix_hit)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fleet:
+    prefill: int
+    decode: int
+
+    @property
+    def workers(self) -> int:
+        return self.prefill + self.decode
+
+    def __str__(self) -> str:
+        return f"{self.prefill}P+{self.decode}D"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    fleet: Fleet
+    prefill_utilization: float
+    ttft_attainment: float
+    itl_s: float  # at the 99th percentile batch
+    decode_batch: float  # mean sequences per decode worker
+    itl_attainment: float
+    usd_per_hour: float
+    usd_per_million_tokens: float
+
+    @property
+    def attainment(self) -> float:
+        return self.ttft_attainment * self.itl_attainment
+
+    def meets(self, slo: Slo) -> bool:
+        return self.attainment >= slo.attainment
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """The probability an arrival waits in M/M/``servers`` at ``offered`` Erlangs (< servers),
+    through Erlang B's recursion (stable for thousands of servers)."""
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return servers * blocking / (servers - offered * (1 - blocking))
+
+
+def _prefill(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, decode_s: float) -> tuple:
+    services = [
+        speeds.prefill_s_per_request + speeds.prefill_s_per_token * i * (1 - load.prefix_hit)
+        for i, _ in load.lengths
+    ]
+    mean = sum(services) / len(services)
+    offered = load.rate_per_s * mean
+    utilization = offered / fleet.prefill
+    if utilization >= 1:
+        return utilization, 0.0
+    spread = sum((s - mean) ** 2 for s in services) / len(services) / mean**2
+    waits = erlang_c(fleet.prefill, offered)
+    decay = (fleet.prefill - offered) / mean * 2 / (1 + spread)
+    met = 0.0
+    for service, (prompt, _) in zip(services, load.lengths, strict=True):
+        handoff = speeds.handoff_s + speeds.handoff_s_per_ktoken * prompt / 1000
+        room = slo.ttft_s - service - handoff - decode_s
+        met += 0.0 if room < 0 else 1 - waits * math.exp(-decay * room)
+    return utilization, met / len(services)
+
+
+def _poisson_cdf(mean: float, k: int) -> float:
+    if k < 0:
+        return 0.0
+    term = total = math.exp(-mean)
+    for j in range(1, k + 1):
+        term *= mean / j
+        total += term
+    return min(1.0, total)
+
+
+def _poisson_quantile(mean: float, q: float) -> int:
+    k = math.floor(mean)
+    while _poisson_cdf(mean, k) < q:
+        k += 1
+    return k
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodeView:
+    batch: float  # mean sequences per worker
+    p99_itl_s: float
+    itl_attainment: float
+    kv_wait: float  # the fraction of requests that wait for a decode slot (KV or seqs)
+
+
+def _decode(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo) -> _DecodeView:
+    outputs = sum(o for _, o in load.lengths)
+    mean_output = outputs / len(load.lengths)
+    # A sequence stays in the batch for as many steps as it has output tokens, so the
+    # batch holds long answers more often than the arrivals do: weigh contexts by output.
+    context = sum((i + o / 2) * o for i, o in load.lengths) / max(outputs, 1)
+    per_seq = speeds.decode_s_per_seq + speeds.decode_s_per_ktoken * context / 1000
+    busy = load.rate_per_s * mean_output * per_seq / fleet.decode
+    if busy >= 1:
+        return _DecodeView(math.inf, math.inf, 0.0, 1.0)
+    itl = speeds.decode_step_s / (1 - busy)
+    in_flight = load.rate_per_s * mean_output * itl
+    slots = min(speeds.max_num_seqs, math.floor(speeds.kv_capacity_tokens / max(context, 1.0)))
+    if in_flight >= slots * fleet.decode:
+        return _DecodeView(in_flight / fleet.decode, math.inf, 0.0, 1.0)
+    batch = in_flight / fleet.decode
+    within_slo = math.floor((slo.itl_s - speeds.decode_step_s) / per_seq)
+    return _DecodeView(
+        batch=batch,
+        p99_itl_s=speeds.decode_step_s + min(slots, _poisson_quantile(batch, 0.99)) * per_seq,
+        itl_attainment=1.0 if within_slo >= slots else _poisson_cdf(batch, within_slo),
+        kv_wait=erlang_c(slots * fleet.decode, in_flight),
+    )
+
+
+def predict(
+    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, usd_per_worker_hour: float
+) -> Prediction:
+    if fleet.prefill < 1 or fleet.decode < 1:
+        raise ValueError("a P/D fleet needs at least one prefill and one decode worker")
+    decode = _decode(fleet, load, speeds, slo)
+    first_step = speeds.decode_step_s if math.isinf(decode.p99_itl_s) else decode.p99_itl_s
+    utilization, ttft_attainment = _prefill(fleet, load, speeds, slo, first_step)
+    usd = fleet.workers * usd_per_worker_hour
+    tokens_per_hour = load.rate_per_s * 3600 * load.tokens_per_request
+    return Prediction(
+        fleet=fleet,
+        prefill_utilization=utilization,
+        # A request waiting for a decode slot waits for one to finish: seconds, not ms.
+        ttft_attainment=ttft_attainment * (1 - decode.kv_wait),
+        itl_s=decode.p99_itl_s,
+        decode_batch=decode.batch,
+        itl_attainment=decode.itl_attainment,
+        usd_per_hour=usd,
+        usd_per_million_tokens=usd / tokens_per_hour * 1e6 if tokens_per_hour else math.inf,
+    )
+
+
+def fleets(min_workers: int, max_workers: int) -> Sequence[Fleet]:
+    """Every P/D split of every size in the bounds (at least one worker of each role)."""
+    return [
+        Fleet(prefill=p, decode=total - p)
+        for total in range(max(2, min_workers), max_workers + 1)
+        for p in range(1, total)
+    ]
