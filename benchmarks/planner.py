@@ -31,16 +31,16 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from contracts.machine import machine_record
 from loadgen.traces import DEFAULT_TRACE, TraceRequest, read_trace
 from router.fleet.planner import Planner, PlannerPolicy
-from router.fleet.planner_model import Fleet, Slo, Speeds, predict
+from router.fleet.planner_model import Fleet, Slo, Speeds, predict, speeds_from_profile
 from router.fleet.planner_window import IntervalSample, PlannerWindow
-from sim.fast_forward import run_fast_forward
-from sim.fleet_replay import Controller, FleetReplay, FleetSize, Observation, ReplayResult
+from sim.fleet_replay import Controller, FleetSize, Observation, ReplayResult, slo_outcome
+from sim.fleet_replay import replay as replay_fleet
 from sim.profile import TimingProfile, load_profile
 
 
@@ -87,20 +87,7 @@ def stepped(trace: list[TraceRequest], *, rate: float, step_at_s: float, end_s: 
 
 
 def prior_speeds(profile: TimingProfile) -> Speeds:
-    """The profile's speeds, as the planner would have them before it has fitted any."""
-    return Speeds(
-        prefill_s_per_request=profile.floor_ms / 1000,
-        prefill_s_per_token=profile.prefill_ms_per_token / 1000,
-        decode_step_s=profile.floor_ms / 1000,
-        decode_s_per_seq=profile.decode_ms_per_seq / 1000,
-        decode_s_per_ktoken=profile.decode_ms_per_kv_ktoken / 1000,
-        handoff_s=profile.transfer_overhead_ms / 1000,
-        handoff_s_per_ktoken=1000
-        * profile.kv_bytes_per_token
-        / (profile.transfer_gbytes_per_s * 1e9),
-        kv_capacity_tokens=profile.kv_capacity_tokens,
-        max_num_seqs=profile.max_num_seqs,
-    )
+    return speeds_from_profile(asdict(profile))
 
 
 def _p90(values: list[float]) -> float:
@@ -209,29 +196,24 @@ def pdserve_planner(setup: Setup, policy: PlannerPolicy, log: list[dict]) -> Con
 
 def replay(setup: Setup, workload: list[TraceRequest], start: FleetSize,
            controller: Controller | None, until_s: float) -> ReplayResult:  # fmt: skip
-    fleet = FleetReplay(setup.profile, start=start, start_s=setup.start_s,
-                        interval_s=setup.interval_s, controller=controller)  # fmt: skip
-    return run_fast_forward(fleet.run(workload, until_s=until_s))
+    return replay_fleet(setup.profile, workload, start=start, until_s=until_s,
+                        start_s=setup.start_s, interval_s=setup.interval_s,
+                        controller=controller)  # fmt: skip
 
 
 def summary(setup: Setup, result: ReplayResult, duration_s: float) -> dict:
-    served = result.served
-    ttft_ok = [s.ttft_s <= setup.slo.ttft_s for s in served]
-    itl_ok = [s.itl_s <= setup.slo.itl_s for s in served]
-    both = sum(a and b for a, b in zip(ttft_ok, itl_ok, strict=True))
-    tokens = sum(s.input_tokens + s.output_tokens for s in served)
-    worker_hours = result.worker_seconds / 3600
-    usd = worker_hours * setup.usd_per_worker_hour
+    outcome = slo_outcome(result, ttft_s=setup.slo.ttft_s, itl_s=setup.slo.itl_s)
+    usd = outcome.worker_hours * setup.usd_per_worker_hour
     return {
-        "requests": len(served),
-        "ttft_attainment": round(sum(ttft_ok) / len(served), 4),
-        "itl_attainment": round(sum(itl_ok) / len(served), 4),
-        "attainment": round(both / len(served), 4),
-        "gpu_hours": round(worker_hours, 3),
+        "requests": outcome.requests,
+        "ttft_attainment": round(outcome.share(outcome.ttft_met), 4),
+        "itl_attainment": round(outcome.share(outcome.itl_met), 4),
+        "attainment": round(outcome.share(outcome.met), 4),
+        "gpu_hours": round(outcome.worker_hours, 3),
         "mean_workers": round(result.worker_seconds / duration_s, 2),
         "usd": round(usd, 3),
-        "usd_per_million_tokens": round(usd / tokens * 1e6, 4),
-        "goodput_per_s": round(both / duration_s, 3),
+        "usd_per_million_tokens": round(usd / outcome.tokens * 1e6, 4),
+        "goodput_per_s": round(outcome.met / duration_s, 3),
         "changes": result.changes,
     }
 

@@ -41,6 +41,8 @@ COMMANDS = (
             "mint a worker's agent token from PDSERVE_AGENT_SECRET"),
     Command("status", "cli.status",
             "a live view of models, pools, workers, TTFT, tokens/s and cost"),
+    Command("plan", "cli.plan",
+            "what-if: replay a trace on fleets of every size (sim); the frontier and a pick"),
 )  # fmt: skip
 SIM_CALIBRATE = Command(
     "calibrate", "loadgen.calibrate_cli", "measure a real vLLM and fit a timing profile to it"

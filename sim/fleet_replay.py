@@ -25,6 +25,7 @@ from typing import Protocol
 
 from contracts.block_hashing import BlockHash, block_hashes
 from sim.engine import SimEngine, SimRequest
+from sim.fast_forward import run_fast_forward
 from sim.profile import TimingProfile
 
 TRACE_BLOCK_TOKENS = 512  # one trace hash_id is this many prompt tokens
@@ -124,6 +125,43 @@ class ReplayResult:
     changes: int
     fleet_timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, P, D)
     decisions: list[tuple[float, FleetSize]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SloOutcome:
+    """How a replay's requests fared against TTFT and ITL bounds."""
+
+    requests: int
+    ttft_met: int
+    itl_met: int
+    met: int  # both
+    tokens: int  # in and out
+    worker_hours: float
+
+    def share(self, count: int) -> float:
+        return count / self.requests if self.requests else 0.0
+
+
+def slo_outcome(result: ReplayResult, *, ttft_s: float, itl_s: float) -> SloOutcome:
+    served = result.served
+    ttft = [s.ttft_s <= ttft_s for s in served]
+    itl = [s.itl_s <= itl_s for s in served]
+    return SloOutcome(
+        requests=len(served), ttft_met=sum(ttft), itl_met=sum(itl),
+        met=sum(a and b for a, b in zip(ttft, itl, strict=True)),
+        tokens=sum(s.input_tokens + s.output_tokens for s in served),
+        worker_hours=result.worker_seconds / 3600,
+    )  # fmt: skip
+
+
+def replay(
+    profile: TimingProfile, arrivals: Sequence[Arrival], *, start: FleetSize, until_s: float,
+    start_s: float = 60.0, interval_s: float = 30.0, controller: Controller | None = None,
+) -> ReplayResult:  # fmt: skip
+    """Run one replay to its end on simulated time (its own event loop)."""
+    fleet = FleetReplay(profile, start=start, start_s=start_s, interval_s=interval_s,
+                        controller=controller)  # fmt: skip
+    return run_fast_forward(fleet.run(arrivals, until_s=until_s))
 
 
 class FleetReplay:

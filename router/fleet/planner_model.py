@@ -27,7 +27,7 @@ attainment; a load past a pool's capacity predicts 0 attainment, never a negativ
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -51,6 +51,26 @@ class Speeds:
     handoff_s_per_ktoken: float
     kv_capacity_tokens: int
     max_num_seqs: int
+
+
+def speeds_from_profile(profile: Mapping[str, object]) -> Speeds:
+    """A sim timing profile's speeds (its JSON fields, sim/profiles/*.json), as the
+    planner's prior before it has fitted any: the what-if and the benchmarks plan on them."""
+
+    def number(name: str) -> float:
+        return float(profile[name])  # type: ignore[arg-type]
+
+    return Speeds(
+        prefill_s_per_request=number("floor_ms") / 1000,
+        prefill_s_per_token=number("prefill_ms_per_token") / 1000,
+        decode_step_s=number("floor_ms") / 1000,
+        decode_s_per_seq=number("decode_ms_per_seq") / 1000,
+        decode_s_per_ktoken=number("decode_ms_per_kv_ktoken") / 1000,
+        handoff_s=number("transfer_overhead_ms") / 1000,
+        handoff_s_per_ktoken=number("kv_bytes_per_token") / number("transfer_gbytes_per_s") / 1e6,
+        kv_capacity_tokens=int(number("kv_capacity_tokens")),
+        max_num_seqs=int(number("max_num_seqs")),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

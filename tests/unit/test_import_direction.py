@@ -41,6 +41,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     "loadgen.calibration": {"sim"},
     # Micro-benchmarks of router internals time the router's own classes in-process.
     "benchmarks.router_micro": {"router"},
+    # The planner benchmark runs the router's planner in-process against sim fleets.
+    "benchmarks.planner": {"router"},
 }
 FOLDERS = BOTTOM | MIDDLE | {"cli"}
 
