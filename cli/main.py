@@ -41,6 +41,8 @@ COMMANDS = (
             "mint a worker's agent token from PDSERVE_AGENT_SECRET"),
     Command("status", "cli.status",
             "a live view of models, pools, workers, TTFT, tokens/s and cost"),
+    Command("planner", "router.fleet.planner_service",
+            "the SLO planner: recommend (or apply) the P/D split and fleet size from live load"),
     Command("plan", "cli.plan",
             "what-if: replay a trace on fleets of every size (sim); the frontier and a pick"),
 )  # fmt: skip

@@ -22,32 +22,28 @@ from dataclasses import asdict
 from pathlib import Path
 
 from loadgen.traces import DEFAULT_TRACE, TraceRequest, read_trace
-from router.fleet.planner_model import Fleet, Load, Slo, predict, speeds_from_profile
+from router.fleet.planner_model import (
+    Fleet,
+    Load,
+    Slo,
+    parse_slo,
+    predict,
+    speeds_from_profile,
+)  # fmt: skip
 from sim.fleet_replay import FleetSize, replay, slo_outcome
 from sim.profile import TimingProfile, load_profile
 
 
-def parse_slo(spec: str) -> Slo:
-    """``ttft=SECONDS,itl=SECONDS[,attainment=FRACTION]``."""
-    fields = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
-    unknown = set(fields) - {"ttft", "itl", "attainment"}
-    if unknown or not {"ttft", "itl"} <= set(fields):
-        raise argparse.ArgumentTypeError(
-            "--slo takes ttft=SECONDS,itl=SECONDS[,attainment=FRACTION], e.g. ttft=2,itl=0.04"
-        )
+def slo_argument(spec: str) -> Slo:
     try:
-        slo = Slo(ttft_s=float(fields["ttft"]), itl_s=float(fields["itl"]),
-                  attainment=float(fields.get("attainment", 0.95)))  # fmt: skip
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--slo values must be numbers: {spec!r}") from None
-    if slo.ttft_s <= 0 or slo.itl_s <= 0 or not 0 < slo.attainment <= 1:
-        raise argparse.ArgumentTypeError("--slo: ttft and itl > 0, attainment in (0, 1]")
-    return slo
+        return parse_slo(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake-format trace")
-    parser.add_argument("--slo", type=parse_slo, required=True,
+    parser.add_argument("--slo", type=slo_argument, required=True,
                         help="ttft=SECONDS,itl=SECONDS[,attainment=0.95]")  # fmt: skip
     parser.add_argument("--budget", type=float, default=math.inf, help="$/hour for the fleet")
     parser.add_argument("--usd-per-worker-hour", type=float, default=3.0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from contracts.plans import FleetPlan
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -56,3 +58,5 @@ class StatusSnapshot(_Frozen):
     models: list[ModelStatus]
     # The newest batches (at most 100) by status: "in_progress" -> 2, "completed" -> 9.
     batches: dict[str, int] = {}
+    # The SLO planner's latest plan per model, where a planner runs (`pdserve planner`).
+    plans: dict[str, FleetPlan] = {}

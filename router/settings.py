@@ -34,7 +34,7 @@ def _pairs(spec: str) -> dict[str, str]:
 
 # The scopes a person's token (``admin_tokens``) may have. ``agent`` is not among them:
 # an agent's token is minted per worker from ``agent_secret`` (``contracts.agent_tokens``).
-SCOPES = ("viewer", "operator", "reviewer", "admin")
+SCOPES = ("viewer", "planner", "operator", "reviewer", "admin")
 # What each scope may do. ``admin`` does not include ``reviewer``: approving a version
 # for prod and loosening a model's policy are duties of their own, so whoever rolls a
 # version out cannot also approve it. ``policy`` (writing a model's policy) is shared by
@@ -42,9 +42,11 @@ SCOPES = ("viewer", "operator", "reviewer", "admin")
 # ``agent`` (register, heartbeat and deregister its own worker) is nobody else's duty.
 SCOPE_GRANTS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"viewer"}),
-    "operator": frozenset({"viewer", "operator", "policy"}),
+    # The SLO planner in recommend mode: read, and publish a plan; it cannot change pools.
+    "planner": frozenset({"viewer", "plan"}),
+    "operator": frozenset({"viewer", "operator", "policy", "plan"}),
     "reviewer": frozenset({"viewer", "reviewer", "policy"}),
-    "admin": frozenset({"viewer", "operator", "policy", "admin"}),
+    "admin": frozenset({"viewer", "operator", "policy", "plan", "admin"}),
     "agent": frozenset({"agent"}),
 }
 

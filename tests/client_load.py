@@ -20,6 +20,7 @@ from tests.generation import Generation, generate
 class ClientLoad:
     urls: tuple[str, ...]
     max_tokens: int = 8
+    prompt_repeats: int = 10  # "client I turn T " this many times: about 5 tokens each
     stop: threading.Event = field(default_factory=threading.Event)
     outcomes: list[str] = field(default_factory=list)
     retried: int = 0
@@ -41,7 +42,7 @@ class ClientLoad:
         turn = 0
         while not self.stop.is_set():
             turn += 1
-            body = {"model": MODEL, "prompt": f"client {index} turn {turn} " * 10,
+            body = {"model": MODEL, "prompt": f"client {index} turn {turn} " * self.prompt_repeats,
                     "max_tokens": self.max_tokens, "stream": turn % 2 == 0}  # fmt: skip
             self.outcomes.append(self._one(body))
 

@@ -38,6 +38,24 @@ class Slo:
     attainment: float = 0.95  # the fraction of requests that must meet both
 
 
+def parse_slo(spec: str) -> Slo:
+    """``ttft=SECONDS,itl=SECONDS[,attainment=FRACTION]``; ValueError saying what is wrong."""
+    fields = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+    unknown = set(fields) - {"ttft", "itl", "attainment"}
+    if unknown or not {"ttft", "itl"} <= set(fields):
+        raise ValueError(
+            "an SLO is ttft=SECONDS,itl=SECONDS[,attainment=FRACTION], e.g. ttft=2,itl=0.04"
+        )
+    try:
+        slo = Slo(ttft_s=float(fields["ttft"]), itl_s=float(fields["itl"]),
+                  attainment=float(fields.get("attainment", 0.95)))  # fmt: skip
+    except ValueError:
+        raise ValueError(f"SLO values must be numbers: {spec!r}") from None
+    if slo.ttft_s <= 0 or slo.itl_s <= 0 or not 0 < slo.attainment <= 1:
+        raise ValueError("SLO: ttft and itl above 0, attainment in (0, 1]")
+    return slo
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Speeds:
     """The fleet's measured speeds (per worker)."""

@@ -43,6 +43,7 @@ class Access(enum.Enum):
     OPERATOR = "operator"
     REVIEWER = "reviewer"
     POLICY = "policy"
+    PLAN = "plan"
     ADMIN = "admin"
     AGENT = "agent"
 

@@ -16,18 +16,21 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from contracts.plans import FleetPlan
 from contracts.status import StatusSnapshot
 from contracts.workers import WorkerRole
 from router.errors import InvalidRequest, NoCapacity, NotFound
 from router.fleet.pool_operations import PD_ROLES
 from router.http.access import Access, Route, actor_of, parts_of
-from router.http.http_io import json_body
+from router.http.http_io import json_body, validated
 from router.observability.status import snapshot
 from router.state.base import AuditEntry, StateUnavailable
 
 log = logging.getLogger("pdserve.router")
 
 _CHANGE_BODY_BYTES = 4096
+_PLAN_BODY_BYTES = 4096
+_PLAN = "plan:"  # state document name prefix
 
 
 class PoolChange(BaseModel):
@@ -45,7 +48,46 @@ STATUS_BATCHES = 100  # the status view counts the newest this many batches
 async def read_status(request: Request) -> dict[str, Any]:
     parts = parts_of(request)
     batches = await parts.batch.book.count_by_status(newest=STATUS_BATCHES)
-    return snapshot(parts).model_copy(update={"batches": batches}).model_dump(mode="json")
+    with contextlib.suppress(StateUnavailable):  # the status stands without the plans
+        plans = await _plans(request)
+    update = {"batches": batches, "plans": plans if "plans" in locals() else {}}
+    return snapshot(parts).model_copy(update=update).model_dump(mode="json")
+
+
+async def _plans(request: Request) -> dict[str, FleetPlan]:
+    parts = parts_of(request)
+    plans = {}
+    for model in parts.registry.models():
+        stored = await parts.state.document(_PLAN + model)
+        if stored is not None:
+            plans[model] = FleetPlan.model_validate(stored[1])
+    return plans
+
+
+async def list_plans(request: Request) -> dict[str, Any]:
+    try:
+        plans = await _plans(request)
+    except StateUnavailable as error:
+        raise state_down(error) from None
+    return {"plans": {model: plan.model_dump(mode="json") for model, plan in plans.items()}}
+
+
+async def publish_plan(request: Request, model: str) -> dict[str, Any]:
+    """The planner's latest plan for a model; a plan for another fleet than the last is
+    audited (the recommendation changed), a repeat is not."""
+    parts = parts_of(request)
+    if model not in parts.registry.models():
+        raise NotFound(f"no workers serve model {model!r}", param="model", code="model_not_found")
+    plan = validated(FleetPlan, await json_body(request, _PLAN_BODY_BYTES))
+    try:
+        stored = await parts.state.document(_PLAN + model)
+        await parts.state.put_document(_PLAN + model, plan.model_dump(mode="json"))
+    except StateUnavailable as error:
+        raise state_down(error) from None
+    before = FleetPlan.model_validate(stored[1]) if stored else None
+    if before is None or (before.prefill, before.decode) != (plan.prefill, plan.decode):
+        await audit_change(request, f"plan:{plan.mode}", f"{model} {plan.prefill}P+{plan.decode}D")
+    return {"model": model, "plan": plan.model_dump(mode="json")}
 
 
 async def list_pools(request: Request) -> dict[str, Any]:
@@ -209,6 +251,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/admin/v1/workers/{worker_id}/undrain", undrain_worker, Access.OPERATOR),
     Route("DELETE", "/admin/v1/workers/{worker_id}", delete_worker, Access.OPERATOR),
     Route("GET", "/admin/v1/audit", read_audit, Access.VIEWER),
+    Route("GET", "/admin/v1/plans", list_plans, Access.VIEWER),
+    Route("PUT", "/admin/v1/plans/{model}", publish_plan, Access.PLAN, body=FleetPlan),
     Route("GET", "/admin/v1/status", read_status, Access.VIEWER, answer=StatusSnapshot),
     Route("GET", "/admin/v1/scrape_targets", scrape_targets, Access.VIEWER),
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from contracts.batch import ENDED, ENDPOINTS, Batch, FileObject
 from router.batch.book import BatchRecord, TooManyBatches, new_batch_id
@@ -25,7 +25,7 @@ from router.batch.tier import BatchTier
 from router.errors import Conflict, InvalidRequest, NotFound, Overloaded, RequestTooLarge
 from router.http.access import Access, Route, parts_of
 from router.http.admin_api import audit_change
-from router.http.http_io import json_body
+from router.http.http_io import json_body, validated
 
 _FORM_OVERHEAD_BYTES = 64 * 1024  # multipart boundaries and the other fields
 _WINDOW = re.compile(r"^(\d{1,4})([smh])$")
@@ -174,11 +174,7 @@ def _window_s(window: str) -> int:
 
 async def create_batch(request: Request) -> dict[str, Any]:
     tier = _tier(request)
-    try:
-        asked = BatchCreate.model_validate(await json_body(request, 64 * 1024))
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise InvalidRequest(first["msg"], param=".".join(map(str, first["loc"]))) from None
+    asked = validated(BatchCreate, await json_body(request, 64 * 1024))
     if asked.endpoint not in ENDPOINTS:
         raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
     metadata = asked.metadata or {}

@@ -7,12 +7,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
 
 from router.errors import ClientDisconnected, InvalidRequest, RequestTooLarge
+
+M = TypeVar("M", bound=BaseModel)
 
 
 async def json_body(request: Request, max_bytes: int) -> Any:
@@ -59,3 +62,12 @@ async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Re
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def validated(model: type[M], body: Any) -> M:
+    """``body`` as ``model``, or a 400 naming the first field that is wrong."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise InvalidRequest(first["msg"], param=".".join(map(str, first["loc"]))) from None

@@ -60,6 +60,9 @@ _LATENCY_BUCKETS_S = (
     81.92, 163.84, 327.68,
 )  # fmt: skip
 _FAST_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30)
+# Tokens per request, for the planner's length distribution (powers of two).
+_PROMPT_TOKEN_BUCKETS = tuple(float(2**k) for k in range(4, 18))
+_OUTPUT_TOKEN_BUCKETS = tuple(float(2**k) for k in range(0, 15))
 _ITL_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
 )  # fmt: skip
@@ -212,6 +215,8 @@ class RouterMetrics:
         """Count an answer's tokens; a later choice of a fan-out shares its prompt."""
         prompt = usage.prompt_tokens if counts_prompt else 0
         self.prompt_tokens.labels(model, tenant_class).inc(prompt)
+        self.request_prompt_tokens.labels(model).observe(usage.prompt_tokens)
+        self.request_output_tokens.labels(model).observe(usage.completion_tokens)
         self.generation_tokens.labels(model, tenant_class).inc(usage.completion_tokens)
         self.tokens_window.add((model, "input"), prompt)
         self.tokens_window.add((model, "output"), usage.completion_tokens)
@@ -254,6 +259,14 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.request_prompt_tokens = Histogram(
+            "pdserve_request_prompt_tokens", "Prompt tokens per answered request (the planner's "
+            "length distribution)", ["model"], buckets=_PROMPT_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.request_output_tokens = Histogram(
+            "pdserve_request_output_tokens", "Output tokens per answered request (the planner's "
+            "length distribution)", ["model"], buckets=_OUTPUT_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
         self.tpot = Histogram(
             "pdserve_time_per_output_token_seconds",
             "Per streamed request: first to last byte over the output tokens after the first",

@@ -1,0 +1,134 @@
+"""What a live fleet did over one planning interval, read from the routers' ``/metrics``.
+
+The planner runs beside the routers, not in them: it scrapes every replica (each one's
+``/metrics`` already sums its processes) and adds them up, so one planner sees the whole
+fleet however many routers and processes serve it. Between two scrapes it reads, for a
+model:
+- **arrivals**: ``pdserve_requests_total``, every outcome (a 429 arrived too);
+- **lengths**: ``pdserve_request_prompt_tokens`` and ``pdserve_request_output_tokens``,
+  turned into up to ``max_lengths`` (input, output) pairs at evenly spaced quantiles of
+  each. The histograms do not keep which input went with which output: the pairs are
+  matched by a fixed shuffle (independence), which is what the model can know;
+- **SLO attainment**: the share of ``pdserve_time_to_first_token_seconds`` and of
+  ``pdserve_time_per_output_token_seconds`` under each SLO (linear inside the bucket
+  that holds it: set SLOs at bucket bounds for exact figures);
+- **prefix hits**: the prefill pool's ``pdserve_pool_prefix_cache_hits`` over queries.
+
+Pure: text in, ``IntervalSample`` out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.fleet.planner_model import Slo
+from router.fleet.planner_window import IntervalSample
+
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    at_s: float
+    series: Series
+
+
+def parse_metrics(texts: list[str], at_s: float) -> Scrape:
+    """Several routers' ``/metrics`` text, summed series by series."""
+    series: Series = defaultdict(float)
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                series[(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+    return Scrape(at_s=at_s, series=dict(series))
+
+
+def _sum(scrape: Scrape, name: str, **match: str) -> float:
+    wanted = set(match.items())
+    return sum(v for (n, labels), v in scrape.series.items() if n == name and wanted <= set(labels))
+
+
+def _delta(before: Scrape, after: Scrape, name: str, model: str, pool: str | None = None) -> float:
+    match = {"model": model} if pool is None else {"model": model, "pool": pool}
+    return _sum(after, name, **match) - _sum(before, name, **match)
+
+
+def _buckets(scrape: Scrape, name: str, model: str) -> dict[float, float]:
+    """Cumulative counts by upper bound (``le``), summed over the model's other labels."""
+    out: dict[float, float] = defaultdict(float)
+    for (n, labels), value in scrape.series.items():
+        tags = dict(labels)
+        if n == f"{name}_bucket" and tags.get("model") == model:
+            out[float(tags["le"])] += value
+    return out
+
+
+def _delta_buckets(
+    before: Scrape, after: Scrape, name: str, model: str
+) -> list[tuple[float, float]]:
+    old = _buckets(before, name, model)
+    new = _buckets(after, name, model)
+    return sorted((bound, max(0.0, count - old.get(bound, 0.0))) for bound, count in new.items())
+
+
+def share_under(buckets: list[tuple[float, float]], limit: float) -> float | None:
+    """The share of observations at or under ``limit``; None with no observation."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if limit <= bound:
+            if math.isinf(bound):
+                return lower_count / total
+            inside = (limit - lower_bound) / (bound - lower_bound)
+            return (lower_count + inside * (count - lower_count)) / total
+        lower_bound, lower_count = bound, count
+    return 1.0
+
+
+def quantiles(buckets: list[tuple[float, float]], points: int) -> list[int]:
+    """``points`` values at evenly spaced quantiles, linear inside each bucket."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0 or points <= 0:
+        return []
+    values, lower_bound, lower_count, at = [], 0.0, 0.0, 0
+    for bound, count in buckets:
+        top = lower_bound * 2 if math.isinf(bound) else bound  # past the last bound: a guess
+        while at < points and (at + 0.5) / points * total <= count:
+            share = ((at + 0.5) / points * total - lower_count) / max(count - lower_count, 1e-9)
+            values.append(max(1, round(lower_bound + share * (top - lower_bound))))
+            at += 1
+        lower_bound, lower_count = bound, count
+    return values
+
+
+def interval_sample(before: Scrape, after: Scrape, *, model: str, slo: Slo,
+                    max_lengths: int = 256) -> IntervalSample:  # fmt: skip
+    prompts = _delta_buckets(before, after, "pdserve_request_prompt_tokens", model)
+    outputs = _delta_buckets(before, after, "pdserve_request_output_tokens", model)
+    answered = int(prompts[-1][1]) if prompts else 0
+    points = min(answered, max_lengths)
+    inputs, outs = quantiles(prompts, points), quantiles(outputs, points)
+    # Matched by a fixed stride (coprime with the count): a shuffle, the same every time.
+    stride = next(s for s in (7919, 104729, 1) if points <= 1 or math.gcd(s, points) == 1)
+    lengths = tuple((inputs[i], outs[(i * stride) % len(outs)]) for i in range(len(inputs))
+                    if outs)  # fmt: skip
+    ttft = share_under(_delta_buckets(before, after, "pdserve_time_to_first_token_seconds", model),
+                       slo.ttft_s)  # fmt: skip
+    itl = share_under(_delta_buckets(before, after, "pdserve_time_per_output_token_seconds", model),
+                      slo.itl_s)  # fmt: skip
+    met = (1.0 if ttft is None else ttft) * (1.0 if itl is None else itl)
+    queries = _delta(before, after, "pdserve_pool_prefix_cache_queries_total", model, "prefill")
+    hits = _delta(before, after, "pdserve_pool_prefix_cache_hits_total", model, "prefill")
+    arrivals = _delta(before, after, "pdserve_requests_total", model)
+    return IntervalSample(
+        end_s=after.at_s, duration_s=max(after.at_s - before.at_s, 1e-9),
+        arrivals=max(0, round(arrivals)), lengths=lengths,
+        met_slo=round(met * len(lengths)),
+        input_tokens=max(0, round(queries)), cached_tokens=max(0, round(min(hits, queries))),
+    )  # fmt: skip
