@@ -76,7 +76,24 @@ def render(snapshot: StatusSnapshot) -> Group:
     if snapshot.batches:
         line = ", ".join(f"{count} {status}" for status, count in sorted(snapshot.batches.items()))
         tables.append(Text(f"batches (newest 100): {line}"))
+    if snapshot.plans:
+        tables.append(_plans_table(snapshot))
     return Group(title, *tables, _workers_table(snapshot.models))
+
+
+def _plans_table(snapshot: StatusSnapshot) -> Table:
+    """The SLO planner's plan per model (`pdserve planner`), with its reason."""
+    plans = Table(box=box.SIMPLE_HEAD, title="planner", title_justify="left")
+    for column in ("model", "mode", "now", "plan", "predicted", "measured", "why"):
+        plans.add_column(column)
+    for model, plan in sorted(snapshot.plans.items()):
+        measured = "-" if plan.measured_attainment is None else f"{plan.measured_attainment:.0%}"
+        plans.add_row(
+            model, plan.mode + (" (applied)" if plan.applied else ""),
+            f"{plan.current_prefill}P+{plan.current_decode}D", f"{plan.prefill}P+{plan.decode}D",
+            f"{plan.predicted_attainment:.0%}", measured, plan.reason,
+        )  # fmt: skip
+    return plans
 
 
 def _models_table(models: list[ModelStatus]) -> Table:

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli.status import render
+from contracts.plans import FleetPlan
 from contracts.status import ModelStatus, StatusSnapshot, WorkerStatus
 
 GOLDEN = Path(__file__).parents[1] / "data" / "status_view.txt"
@@ -128,3 +129,17 @@ def test_status_view_matches_the_golden_rendering():
 def test_status_view_says_so_when_nothing_is_registered():
     empty = StatusSnapshot(window_s=60, taken_at_unix_s=0, models=[])
     assert "no workers registered" in drawn(empty)
+
+
+def test_status_view_shows_the_planners_plan_and_why():
+    plan = FleetPlan(
+        mode="apply", prefill=3, decode=1, current_prefill=1, current_decode=3,
+        reason="1P+3D would meet the SLO for 40% of requests at 5.00 req/s; 3P+1D is the "
+        "cheapest at 97%", forecast_rate_per_s=5.0, predicted_attainment=0.97,
+        measured_attainment=0.4, usd_per_hour=4.0, decided_unix_s=0.0, applied=True,
+    )  # fmt: skip
+    text = drawn(SNAPSHOT.model_copy(update={"plans": {"tiny": plan}}))
+    assert "planner" in text and "apply (applied)" in text
+    assert "1P+3D" in text and "3P+1D" in text and "97%" in text and "40%" in text
+    assert "cheapest" in text  # the reason, wrapped or not
+    assert "planner" not in drawn(SNAPSHOT)

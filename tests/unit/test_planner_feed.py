@@ -1,0 +1,84 @@
+"""The live planner's reading of the routers' /metrics (router/fleet/planner_feed.py)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from router.fleet.planner_feed import interval_sample, parse_metrics, quantiles, share_under
+from router.fleet.planner_model import Slo
+
+MODEL = "m"
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [(0.5, 0.125), (1.0, 0.25), (1.5, 0.375), (2.0, 0.5), (4.0, 1.0), (100.0, 1.0)],
+)
+def test_share_under_interpolates_inside_the_bucket(limit: float, expected: float) -> None:
+    # 1 at or under 1 s, 1 more under 2 s, 2 more under 4 s; none past.
+    buckets = [(1.0, 1.0), (2.0, 2.0), (4.0, 4.0), (float("inf"), 4.0)]
+    assert share_under(buckets, limit) == pytest.approx(expected)
+
+
+def test_share_under_with_nothing_observed_is_unknown() -> None:
+    assert share_under([(1.0, 0.0), (float("inf"), 0.0)], 1.0) is None
+
+
+def test_quantiles_spread_over_the_buckets() -> None:
+    buckets = [(16.0, 0.0), (32.0, 4.0), (64.0, 8.0), (float("inf"), 8.0)]
+    values = quantiles(buckets, 8)
+    assert len(values) == 8 and values == sorted(values)
+    assert all(16 <= v <= 32 for v in values[:4]) and all(32 <= v <= 64 for v in values[4:])
+
+
+def metrics_text(requests: int, prompts: list[int], outputs: list[int], ttfts: list[float],
+                 hits: int, queries: int, *, replicas_share: float = 1.0) -> str:  # fmt: skip
+    r = CollectorRegistry()
+    Counter("pdserve_requests", "", ["model", "endpoint", "status", "route_stage"],
+            registry=r).labels(MODEL, "/v1/completions", "200", "prod").inc(requests)  # fmt: skip
+    prompt = Histogram("pdserve_request_prompt_tokens", "", ["model"], registry=r,
+                       buckets=tuple(float(2**k) for k in range(4, 18)))  # fmt: skip
+    output = Histogram("pdserve_request_output_tokens", "", ["model"], registry=r,
+                       buckets=tuple(float(2**k) for k in range(0, 15)))  # fmt: skip
+    ttft = Histogram("pdserve_time_to_first_token_seconds", "",
+                     ["model", "mode", "tenant_class", "route_stage"], registry=r,
+                     buckets=(0.5, 1.0, 2.0, 4.0))  # fmt: skip
+    for value in prompts:
+        prompt.labels(MODEL).observe(value)
+    for value in outputs:
+        output.labels(MODEL).observe(value)
+    for value in ttfts:
+        ttft.labels(MODEL, "pd", "standard", "prod").observe(value)
+    pool = ["model", "pool"]
+    Counter("pdserve_pool_prefix_cache_hits", "", pool, registry=r).labels(MODEL, "prefill").inc(
+        hits
+    )
+    Counter("pdserve_pool_prefix_cache_queries", "", pool, registry=r).labels(
+        MODEL, "prefill").inc(queries)  # fmt: skip
+    return generate_latest(r).decode()
+
+
+def test_an_interval_from_two_scrapes_of_two_replicas() -> None:
+    empty = metrics_text(0, [], [], [], 0, 0)
+    before = parse_metrics([empty, empty], at_s=100.0)
+    one = metrics_text(30, [1000] * 10, [100] * 10, [0.3] * 9 + [3.0], 250, 1000)
+    two = metrics_text(30, [3000] * 10, [10] * 10, [0.3] * 10, 250, 1000)
+    after = parse_metrics([one, two], at_s=130.0)
+    sample = interval_sample(before, after, model=MODEL, slo=Slo(ttft_s=1.0, itl_s=0.1))
+    assert sample.duration_s == 30.0 and sample.end_s == 130.0
+    assert sample.arrivals == 60  # both replicas, every outcome
+    assert len(sample.lengths) == 20
+    inputs = sorted(i for i, _ in sample.lengths)
+    assert all(512 <= i <= 1024 for i in inputs[:10]) and all(
+        2048 <= i <= 4096 for i in inputs[10:]
+    )
+    assert sample.met_slo == 19  # one TTFT over the SLO; no ITL observed: not held against it
+    assert (sample.input_tokens, sample.cached_tokens) == (2000, 500)
+
+
+def test_an_interval_without_answers_has_no_lengths() -> None:
+    text = metrics_text(5, [], [], [], 0, 0)
+    sample = interval_sample(parse_metrics([text], 0.0), parse_metrics([text], 30.0), model=MODEL,
+                             slo=Slo(ttft_s=1.0, itl_s=0.1))  # fmt: skip
+    assert sample.arrivals == 0 and sample.lengths == () and sample.met_slo == 0
