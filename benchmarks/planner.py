@@ -13,7 +13,11 @@ The fleets, each replayed on the sim engines on simulated time (sim/fleet_replay
 2. **llm-d style**: saturation ``max(p90 TTFT / SLO, p90 ITL / SLO)`` per pool, smoothed,
    +1 above 0.55, -1 below 0.40, no scale-up while that pool has a worker warming up;
 3. **Dynamo style**: the load-based stepper, +1 to a pool when every engine's p90 is
-   over the SLO, -1 when every engine's is under half of it;
+   over the SLO, -1 when every engine's is under half of it.
+   Both peers are adapted to P/D the same way: ITL charges the decode pool, and TTFT the
+   pools whose engines hold a queue (a decode engine's queue is requests waiting for KV),
+   prefill when neither does. Charged to prefill alone, a TTFT miss caused by decode KV
+   running out grows prefill while decode starves (a first run did exactly that: 14%);
 4. **pdserve's planner** (router/fleet/planner.py), on what the interval showed.
 
 Then a load step (the rate doubles) for the planner and the peers: how many intervals
@@ -109,18 +113,34 @@ def _total(observation: Observation) -> FleetSize:
                      observation.serving.decode + observation.starting.decode)  # fmt: skip
 
 
+def _queued(observation: Observation, role: str) -> bool:
+    return any(w.waiting for w in observation.workers if w.role == role)
+
+
+def _ttft_pools(observation: Observation) -> tuple[str, ...]:
+    """Where a TTFT miss is charged: the pools whose engines hold a queue (decode's is
+    requests waiting for KV), prefill when neither does."""
+    queued = tuple(pool for pool in ("prefill", "decode") if _queued(observation, pool))
+    return queued or ("prefill",)
+
+
 def llmd_style(
     setup: Setup, *, up: float = 0.55, down: float = 0.40, smooth: float = 0.5
 ) -> Controller:
+    """Saturation ``max(p90 TTFT / SLO, p90 ITL / SLO)``, per pool: ITL charges decode,
+    TTFT the pools holding a queue."""
     smoothed = {"prefill": 0.0, "decode": 0.0}
 
     def control(observation: Observation) -> FleetSize | None:
         if not observation.served:
             return None
+        ttft = _p90([s.ttft_s for s in observation.served]) / setup.slo.ttft_s
         saturation = {
-            "prefill": _p90([s.ttft_s for s in observation.served]) / setup.slo.ttft_s,
+            "prefill": 0.0,
             "decode": _p90([s.itl_s for s in observation.served]) / setup.slo.itl_s,
         }
+        for pool in _ttft_pools(observation):
+            saturation[pool] = max(saturation[pool], ttft)
         counts = {"prefill": _total(observation).prefill, "decode": _total(observation).decode}
         warming = {"prefill": observation.starting.prefill, "decode": observation.starting.decode}
         for pool, value in saturation.items():
@@ -135,11 +155,18 @@ def llmd_style(
 
 
 def dynamo_style(setup: Setup, *, down_fraction: float = 0.5) -> Controller:
+    """+1 to a pool when every engine of it is over its SLA, -1 when every one is under
+    ``down_fraction`` of it: prefill engines by their requests' p90 TTFT, decode engines by
+    p90 ITL, or by TTFT while they hold a queue (requests waiting for KV)."""
+
     def control(observation: Observation) -> FleetSize | None:
+        charged = _ttft_pools(observation)
         by_engine: dict[str, list[float]] = {}
         for s in observation.served:
-            by_engine.setdefault(s.prefill_worker, []).append(s.ttft_s / setup.slo.ttft_s)
             by_engine.setdefault(s.decode_worker, []).append(s.itl_s / setup.slo.itl_s)
+            for pool in charged:
+                worker = s.prefill_worker if pool == "prefill" else s.decode_worker
+                by_engine.setdefault(worker, []).append(s.ttft_s / setup.slo.ttft_s)
         counts = {"prefill": _total(observation).prefill, "decode": _total(observation).decode}
         for pool in counts:
             p90s = [_p90(v) for name, v in by_engine.items() if name.startswith(pool)]

@@ -7,9 +7,10 @@ model (router/fleet/planner_model.py):
    trend is waited for, not bet on).
 2. **Cheapest fleet that meets the SLO**: every split of every size within the bounds
    and the budget, predicted at the forecast; the cheapest whose predicted attainment
-   meets the target wins (ties: the higher attainment). If none does, the cheapest within
-   ``ceiling_tolerance`` of the best attainment, and the reason says the SLO is out of
-   reach (prompts too long for the TTFT SLO on any fleet cap every fleet's attainment).
+   meets the target wins (ties: the higher attainment). If no fleet can meet it (prompts
+   too long for the TTFT SLO on any fleet cap every fleet's attainment), the target
+   becomes ``ceiling_tolerance`` under the best fleet's, the rules below still apply, and
+   the reason says the SLO is out of reach.
 3. **Hysteresis and the cost of change.**
    - The current fleet missing the SLO at the forecast changes at once (an SLO miss
      costs more than a worker).
@@ -69,7 +70,7 @@ def moved_workers(current: Fleet, target: Fleet) -> int:
     return max(0, target.prefill - current.prefill) + max(0, target.decode - current.decode)
 
 
-def _cheapest(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> Prediction:
+def _candidates(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> list[Prediction]:
     budget_workers = policy.max_workers
     if policy.usd_per_worker_hour > 0 and math.isfinite(policy.budget_usd_per_hour):
         affordable = int(policy.budget_usd_per_hour // policy.usd_per_worker_hour)
@@ -78,14 +79,15 @@ def _cheapest(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> Pr
                   for f in fleets(policy.min_workers, budget_workers)]  # fmt: skip
     if not candidates:
         raise ValueError("the budget buys fewer than min_workers workers")
+    return candidates
+
+
+def _cheapest(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> Prediction:
+    candidates = _candidates(load, speeds, slo, policy)
     meeting = [p for p in candidates if p.meets(slo)]
     if meeting:
         return min(meeting, key=lambda p: (p.usd_per_hour, -p.attainment))
-    # Out of reach (prompts too long to ever meet the TTFT SLO cap every fleet): the
-    # cheapest within a hair of the best, not the largest fleet for the last 0.1%.
-    ceiling = max(p.attainment for p in candidates)
-    near = [p for p in candidates if p.attainment >= ceiling - policy.ceiling_tolerance]
-    return min(near, key=lambda p: (p.usd_per_hour, -p.attainment))
+    return max(candidates, key=lambda p: (p.attainment, -p.usd_per_hour))
 
 
 def plan(
@@ -95,17 +97,22 @@ def plan(
     """The fleet to run next; ``current`` counts workers still starting (already paid)."""
     ahead = load.rate_per_s + max(0.0, trend_per_s2) * policy.lead_s
     forecast = load.scaled(ahead / load.rate_per_s) if load.rate_per_s > 0 else load
+    # Out of reach (prompts too long for the TTFT SLO cap every fleet's attainment): aim
+    # a hair under the best fleet's, so that the usual rules (and hysteresis) still hold.
+    ceiling = max(p.attainment for p in _candidates(forecast, speeds, slo, policy))
+    capped = slo.attainment > ceiling - policy.ceiling_tolerance
+    if capped:
+        slo = replace(slo, attainment=max(0.0, ceiling - policy.ceiling_tolerance))
     now = predict(current, forecast, speeds, slo, policy.usd_per_worker_hour)
     best = _cheapest(forecast, speeds, slo, policy)
     rate = f"{forecast.rate_per_s:.2f} req/s"
 
     def decide(fleet: Fleet, prediction: Prediction, reason: str) -> Decision:
+        if capped:
+            reason = _out_of_reach(reason, ceiling)
         return Decision(fleet=fleet, current=current, reason=reason, forecast_rate_per_s=ahead,
                         prediction=prediction, current_prediction=now)  # fmt: skip
 
-    if not best.meets(slo):
-        return decide(best.fleet, best, f"no fleet within bounds and budget meets the SLO at "
-                      f"{rate}; {best.fleet} comes closest ({best.attainment:.0%})")  # fmt: skip
     if not now.meets(slo):
         return decide(best.fleet, best, f"{current} would meet the SLO for {now.attainment:.0%} "
                       f"of requests at {rate}; {best.fleet} is the cheapest at "
@@ -118,6 +125,10 @@ def plan(
         since_change_s=None if last_change_s is None else now_s - last_change_s,
     )  # fmt: skip
     return decide(fleet, prediction, reason)
+
+
+def _out_of_reach(reason: str, ceiling: float) -> str:
+    return f"no fleet within bounds and budget meets the target (best {ceiling:.0%}): {reason}"
 
 
 def _cheaper_if_worth_it(
