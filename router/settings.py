@@ -488,8 +488,9 @@ class ControlSettings(_Group):
     admin_tokens: str = Field(
         "",
         description="Scoped admin tokens, `name:scope:token,...`; scopes: viewer (read), "
-        "operator (pools, drains, models, routes, promote, rollback), reviewer (read, the "
-        "review queue, approving versions, loosening a model's policy), admin (all but "
+        "planner (read, and publish the SLO planner's plans: `pdserve planner` in recommend "
+        "mode), operator (pools, drains, models, routes, promote, rollback, plans), reviewer "
+        "(read, the review queue, approving versions, loosening a model's policy), admin (all but "
         "reviewing). `admin_token` is an admin token named `admin`. Names, never tokens, go "
         "into the audit log.",
     )

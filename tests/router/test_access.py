@@ -22,8 +22,8 @@ from router.settings import SCOPE_GRANTS
 from tests.router.conftest import running_router
 
 SECRET = "sweep-agent-secret"
-PEOPLE = {"viewer": "tok-viewer", "operator": "tok-operator", "reviewer": "tok-reviewer",
-          "admin": "tok-admin"}  # fmt: skip
+PEOPLE = {"viewer": "tok-viewer", "planner": "tok-planner", "operator": "tok-operator",
+          "reviewer": "tok-reviewer", "admin": "tok-admin"}  # fmt: skip
 WORKER = "x"  # every path parameter, so the agent's token is for the worker named
 TOKENS = {**PEOPLE, "agent": agent_token(SECRET, WORKER), "client": "key-a"}
 # Public by design; anything else marked public by mistake fails here.
