@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.traces import DEFAULT_TRACE, TraceRequest, read_trace
+from loadgen.traces import DEFAULT_TRACE, TRACE_BLOCK_TOKENS, TraceRequest, read_trace
 from router.fleet.planner_model import (
     Fleet,
     Load,
@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usd-per-worker-hour", type=float, default=3.0)
     parser.add_argument("--profile", default="llama3-8b-h100", help="the sim's timing profile")
     parser.add_argument("--speed", type=float, default=1.0, help="divide the trace's times")
+    parser.add_argument("--length-scale", type=float, default=1.0,
+                        help="divide the trace's lengths (and its 512-token blocks)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=3000, help="replay the first N requests")
     parser.add_argument("--max-workers", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("plan"))
@@ -88,12 +90,13 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
                      if math.isfinite(args.budget) and args.usd_per_worker_hour > 0
                      else args.max_workers)  # fmt: skip
     pick = model_pick(args.slo, load, profile, affordable)
+    block_tokens = max(1, int(TRACE_BLOCK_TOKENS / args.length_scale))
     speeds = speeds_from_profile(asdict(profile))
     rows = []
     fleets = candidates(pick, args.slo, load, profile, affordable)
     for n, fleet in enumerate(fleets, 1):
         result = replay(profile, requests, start=FleetSize(fleet.prefill, fleet.decode),
-                        until_s=requests[-1].send_at_s + 1)  # fmt: skip
+                        until_s=requests[-1].send_at_s + 1, block_tokens=block_tokens)  # fmt: skip
         outcome = slo_outcome(result, ttft_s=args.slo.ttft_s, itl_s=args.slo.itl_s)
         row = fleet_row(fleet, outcome.met, outcome.share(outcome.met), duration_s,
                         fleet.workers * args.usd_per_worker_hour)  # fmt: skip
@@ -161,7 +164,8 @@ def plot(rows: list[dict], front: list[dict], chosen: dict, path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    requests = read_trace(args.trace, speed=args.speed, limit=args.limit)
+    requests = read_trace(args.trace, speed=args.speed, limit=args.limit,
+                          length_scale=args.length_scale)  # fmt: skip
     if len(requests) < 2:
         print("pdserve plan: the trace needs at least two requests", file=sys.stderr)
         return 2

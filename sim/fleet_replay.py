@@ -28,7 +28,7 @@ from sim.engine import SimEngine, SimRequest
 from sim.fast_forward import run_fast_forward
 from sim.profile import TimingProfile
 
-TRACE_BLOCK_TOKENS = 512  # one trace hash_id is this many prompt tokens
+TRACE_BLOCK_TOKENS = 512  # one trace hash_id is this many prompt tokens (unscaled)
 
 
 class Arrival(Protocol):
@@ -157,10 +157,11 @@ def slo_outcome(result: ReplayResult, *, ttft_s: float, itl_s: float) -> SloOutc
 def replay(
     profile: TimingProfile, arrivals: Sequence[Arrival], *, start: FleetSize, until_s: float,
     start_s: float = 60.0, interval_s: float = 30.0, controller: Controller | None = None,
+    block_tokens: int = TRACE_BLOCK_TOKENS,
 ) -> ReplayResult:  # fmt: skip
     """Run one replay to its end on simulated time (its own event loop)."""
     fleet = FleetReplay(profile, start=start, start_s=start_s, interval_s=interval_s,
-                        controller=controller)  # fmt: skip
+                        controller=controller, block_tokens=block_tokens)  # fmt: skip
     return run_fast_forward(fleet.run(arrivals, until_s=until_s))
 
 
@@ -173,8 +174,10 @@ class FleetReplay:
         start_s: float,
         interval_s: float,
         controller: Controller | None = None,
+        block_tokens: int = TRACE_BLOCK_TOKENS,
     ) -> None:
         self._profile = profile
+        self._block_tokens = block_tokens  # a trace read with length_scale L: 512 / L
         self._start_s = start_s
         self._interval_s = interval_s
         self._controller = controller
@@ -317,8 +320,8 @@ class FleetReplay:
     def _prompt(self, arrival: Arrival) -> list[int]:
         tokens: list[int] = []
         for block_id in arrival.hash_ids:
-            base = block_id * TRACE_BLOCK_TOKENS
-            tokens.extend(range(base, base + TRACE_BLOCK_TOKENS))
+            base = block_id * self._block_tokens
+            tokens.extend(range(base, base + self._block_tokens))
         return tokens[: arrival.input_tokens]
 
     def _pick_prefill(self, hashes: list[BlockHash]) -> _Worker | None:
