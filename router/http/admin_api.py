@@ -76,9 +76,9 @@ async def publish_plan(request: Request, model: str) -> dict[str, Any]:
     """The planner's latest plan for a model; a plan for another fleet than the last is
     audited (the recommendation changed), a repeat is not."""
     parts = parts_of(request)
+    plan = validated(FleetPlan, await json_body(request, _PLAN_BODY_BYTES))
     if model not in parts.registry.models():
         raise NotFound(f"no workers serve model {model!r}", param="model", code="model_not_found")
-    plan = validated(FleetPlan, await json_body(request, _PLAN_BODY_BYTES))
     try:
         stored = await parts.state.document(_PLAN + model)
         await parts.state.put_document(_PLAN + model, plan.model_dump(mode="json"))
