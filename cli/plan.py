@@ -5,11 +5,13 @@
 The planner's model (router/fleet/planner_model.py) names the smallest fleet it expects
 to meet the SLO; the fleets around it (sizes from two below to three above, each at the
 model's best split and one either side) are then replayed on the sim engines on
-simulated time (sim/fleet_replay.py) over the trace. Printed: each fleet's attainment,
-goodput (requests meeting both SLOs per second), $/hour and goodput per dollar; the
-frontier (no cheaper fleet has as much goodput); and the recommendation: the cheapest
-fleet meeting the attainment target within the budget, or, if none does, the one with
-the most goodput. ``plan.json`` and ``plan.png`` go to ``--out``.
+simulated time (sim/fleet_replay.py) over the trace; while none meets the target,
+larger sizes follow, as long as the budget allows and goodput still grows. Printed:
+each fleet's attainment (and the model's), goodput (requests meeting both SLOs per
+second), $/hour and goodput per dollar; the frontier (no cheaper fleet has as much
+goodput); and the recommendation: the cheapest fleet meeting the attainment target
+within the budget, or, if none does, the one with the most goodput. ``plan.json`` and
+``plan.png`` go to ``--out``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from router.fleet.planner_model import (
     Fleet,
     Load,
     Slo,
+    arrival_cv2,
     parse_slo,
     predict,
     speeds_from_profile,
@@ -82,29 +85,43 @@ def model_pick(slo: Slo, load: Load, profile: TimingProfile, max_workers: int) -
 
 
 def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
+    """Replay the model's candidates; then, while none meets the target, one size larger
+    (around the best split replayed so far) as long as the budget allows and goodput
+    still grows: the model guides where to look, the replays decide."""
     profile = load_profile(args.profile)
     duration_s = requests[-1].send_at_s - requests[0].send_at_s or 1.0
     load = Load(rate_per_s=len(requests) / duration_s, prefix_hit=0.0,
-                lengths=tuple((r.input_tokens, r.output_tokens) for r in requests))  # fmt: skip
+                lengths=tuple((r.input_tokens, r.output_tokens) for r in requests),
+                arrival_cv2=arrival_cv2(sorted(r.send_at_s for r in requests)))  # fmt: skip
     affordable = min(args.max_workers, int(args.budget // args.usd_per_worker_hour)
                      if math.isfinite(args.budget) and args.usd_per_worker_hour > 0
                      else args.max_workers)  # fmt: skip
-    pick = model_pick(args.slo, load, profile, affordable)
-    block_tokens = max(1, int(TRACE_BLOCK_TOKENS / args.length_scale))
     speeds = speeds_from_profile(asdict(profile))
-    rows = []
-    fleets = candidates(pick, args.slo, load, profile, affordable)
-    for n, fleet in enumerate(fleets, 1):
+    block_tokens = max(1, int(TRACE_BLOCK_TOKENS / args.length_scale))
+
+    def run(fleet: Fleet) -> dict:
         result = replay(profile, requests, start=FleetSize(fleet.prefill, fleet.decode),
                         until_s=requests[-1].send_at_s + 1, block_tokens=block_tokens)  # fmt: skip
         outcome = slo_outcome(result, ttft_s=args.slo.ttft_s, itl_s=args.slo.itl_s)
         row = fleet_row(fleet, outcome.met, outcome.share(outcome.met), duration_s,
                         fleet.workers * args.usd_per_worker_hour)  # fmt: skip
         row["model_attainment"] = round(predict(fleet, load, speeds, args.slo, 0.0).attainment, 4)
-        rows.append(row)
-        say = f"[{n}/{len(fleets)}] {fleet}: {row['attainment']:.1%} attained, "
-        print(say + f"{row['goodput_per_s']} good req/s, ${row['usd_per_hour']:.2f}/h",
+        line = f"{fleet}: {row['attainment']:.1%} attained (model {row['model_attainment']:.1%}), "
+        print(line + f"{row['goodput_per_s']} good req/s, ${row['usd_per_hour']:.2f}/h",
               file=sys.stderr)  # fmt: skip
+        return row
+
+    pick = model_pick(args.slo, load, profile, affordable)
+    rows = [run(fleet) for fleet in candidates(pick, args.slo, load, profile, affordable)]
+    while not any(r["attainment"] >= args.slo.attainment for r in rows):
+        best = max(rows, key=lambda r: (r["goodput_per_s"], -r["usd_per_hour"]))
+        total = max(r["prefill"] + r["decode"] for r in rows) + 1
+        if total > affordable or best["prefill"] + best["decode"] < total - 2:
+            break  # over budget, or two sizes bought no goodput
+        share = best["prefill"] / (best["prefill"] + best["decode"])
+        centre = min(total - 1, max(1, round(share * total)))
+        splits = sorted({max(1, centre - 1), centre, min(total - 1, centre + 1)})
+        rows += [run(Fleet(prefill=p, decode=total - p)) for p in splits]
     return rows
 
 

@@ -6,8 +6,10 @@ A model an SRE can check by hand, on the speeds the fleet itself was measured at
   ``S_i = prefill_s_per_request + prefill_s_per_token x uncached_i``, where
   ``uncached_i = input_i x (1 - prefix_hit)``, for every (input, output) pair in the
   recent window: the distribution, not its average, so a few long prompts count as long.
-  The wait is Erlang C with the Allen-Cunneen correction for the service times' spread:
-  ``P(wait > t) = C(P, a) x exp(-t (P - a) / E[S] x 2 / (1 + cs^2))``, ``a = rate x E[S]``.
+  The wait is Erlang C with the Allen-Cunneen correction for the spread of the service
+  times and of the gaps between arrivals:
+  ``P(wait > t) = C(P, a) x exp(-t (P - a) / E[S] x 2 / (ca^2 + cs^2))``, ``a = rate x E[S]``
+  (``ca^2`` is 1 for Poisson arrivals).
 - **Decode** runs one batch per worker; a step costs
   ``decode_step_s + B x (decode_s_per_seq + decode_s_per_ktoken x context / 1000)``
   with ``B`` the sequences on the worker. Little's law closes the loop: ``B = rate x
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,12 +99,17 @@ class Load:
     rate_per_s: float
     lengths: tuple[tuple[int, int], ...]  # (input, output) tokens of recent requests
     prefix_hit: float  # the fraction of input tokens found cached
+    # The squared coefficient of variation of the gaps between arrivals: 1 for Poisson,
+    # more for bursts (a trace whose requests come in clumps).
+    arrival_cv2: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.lengths:
             raise ValueError("a load needs at least one (input, output) sample")
         if not 0 <= self.prefix_hit <= 1:
             raise ValueError("prefix_hit is a fraction of input tokens, in [0, 1]")
+        if self.arrival_cv2 <= 0:
+            raise ValueError("arrival_cv2 must be positive (1 for Poisson arrivals)")
 
     @property
     def tokens_per_request(self) -> float:
@@ -109,7 +117,19 @@ class Load:
 
     def scaled(self, factor: float) -> Load:
         return Load(rate_per_s=self.rate_per_s * factor, lengths=self.lengths,
-                    prefix_hit=self.prefix_hit)  # fmt: skip
+                    prefix_hit=self.prefix_hit, arrival_cv2=self.arrival_cv2)  # fmt: skip
+
+
+def arrival_cv2(times_s: Sequence[float]) -> float:
+    """The squared coefficient of variation of the gaps between sorted arrival times (1
+    with fewer than three arrivals: nothing to tell a clump from Poisson by)."""
+    gaps = [b - a for a, b in pairwise(times_s)]
+    if len(gaps) < 2:
+        return 1.0
+    mean = sum(gaps) / len(gaps)
+    if mean <= 0:
+        return 1.0
+    return max(1e-3, sum((g - mean) ** 2 for g in gaps) / len(gaps) / mean**2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +185,7 @@ def _prefill(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, decode_s: float
         return utilization, 0.0
     spread = sum((s - mean) ** 2 for s in services) / len(services) / mean**2
     waits = erlang_c(fleet.prefill, offered)
-    decay = (fleet.prefill - offered) / mean * 2 / (1 + spread)
+    decay = (fleet.prefill - offered) / mean * 2 / (load.arrival_cv2 + spread)
     met = 0.0
     for service, (prompt, _) in zip(services, load.lengths, strict=True):
         handoff = speeds.handoff_s + speeds.handoff_s_per_ktoken * prompt / 1000

@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from router.fleet.planner_model import Fleet, Load, Slo, Speeds, erlang_c, fleets, predict
+from router.fleet.planner_model import (
+    Fleet,
+    Load,
+    Slo,
+    Speeds,
+    arrival_cv2,
+    erlang_c,
+    fleets,
+    predict,
+)  # fmt: skip
 
 SPEEDS = Speeds(
     prefill_s_per_request=0.005, prefill_s_per_token=3e-5, decode_step_s=0.005,
@@ -96,3 +105,13 @@ def test_bad_inputs_are_refused() -> None:
 
 def test_fleets_lists_every_split_in_the_bounds() -> None:
     assert [str(f) for f in fleets(2, 4)] == ["1P+1D", "1P+2D", "2P+1D", "1P+3D", "2P+2D", "3P+1D"]
+
+
+def test_clumped_arrivals_wait_longer_than_poisson_ones() -> None:
+    assert arrival_cv2([0.0, 1.0, 2.0, 3.0]) == pytest.approx(1e-3)  # evenly spaced: floor
+    clumps = [0.0] * 10 + [3.0] * 10 + [6.0] * 10
+    assert arrival_cv2(clumps) > 5
+    poisson = predict(Fleet(prefill=2, decode=2), load(4.0), SPEEDS, SLO, 1.0)
+    bursty = predict(Fleet(prefill=2, decode=2), Load(rate_per_s=4.0, lengths=LENGTHS,
+                     prefix_hit=0.0, arrival_cv2=8.0), SPEEDS, SLO, 1.0)  # fmt: skip
+    assert bursty.ttft_attainment < poisson.ttft_attainment
