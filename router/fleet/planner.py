@@ -178,7 +178,7 @@ class Planner:
     def __init__(self, *, window: PlannerWindow, slo: Slo, policy: PlannerPolicy) -> None:
         self.window = window
         self._slo = slo
-        self._policy = policy
+        self.policy = policy  # replaceable between steps (a new price, say)
         self.last_change_s: float | None = None
         self.shortfall = 0.0
         self.last: Decision | None = None
@@ -197,12 +197,12 @@ class Planner:
         if settled and sample.lengths:
             predicted = predict(current, load, speeds, self._slo, 0.0).attainment
             measured = sample.met_slo / len(sample.lengths)
-            decay = self._policy.correction_decay
+            decay = self.policy.correction_decay
             self.shortfall = decay * self.shortfall + (1 - decay) * (predicted - measured)
-        correction = min(self._policy.max_correction, max(0.0, self.shortfall))
+        correction = min(self.policy.max_correction, max(0.0, self.shortfall))
         slo = replace(self._slo, attainment=min(0.999, self._slo.attainment + correction))
         decision = plan(current, load, trend_per_s2=self.window.trend_per_s2(), speeds=speeds,
-                        slo=slo, policy=self._policy, now_s=sample.end_s,
+                        slo=slo, policy=self.policy, now_s=sample.end_s,
                         last_change_s=self.last_change_s)  # fmt: skip
         if decision.changes:
             self.last_change_s = sample.end_s

@@ -12,7 +12,9 @@ model:
 - **SLO attainment**: the share of ``pdserve_time_to_first_token_seconds`` and of
   ``pdserve_time_per_output_token_seconds`` under each SLO (linear inside the bucket
   that holds it: set SLOs at bucket bounds for exact figures);
-- **prefix hits**: the prefill pool's ``pdserve_pool_prefix_cache_hits`` over queries.
+- **prefix hits**: the prefill pool's ``pdserve_pool_prefix_cache_hits`` over queries;
+- **$/hour per worker** (``worker_usd_per_hour``): the router's cost model as it
+  charged the model's P/D pools, ``pdserve_cost_usd`` over ``pdserve_worker_seconds``.
 
 Pure: text in, ``IntervalSample`` out.
 """
@@ -132,3 +134,13 @@ def interval_sample(before: Scrape, after: Scrape, *, model: str, slo: Slo,
         met_slo=round(met * len(lengths)),
         input_tokens=max(0, round(queries)), cached_tokens=max(0, round(min(hits, queries))),
     )  # fmt: skip
+
+
+def worker_usd_per_hour(before: Scrape, after: Scrape, *, model: str) -> float | None:
+    """What a P/D worker of the model cost an hour over the interval, at the router's cost
+    model (its ``worker_cost_usd_per_hour`` by worker kind); None before any worker time."""
+    usd = seconds = 0.0
+    for pool in ("prefill", "decode"):
+        usd += _delta(before, after, "pdserve_cost_usd_total", model, pool)
+        seconds += _delta(before, after, "pdserve_worker_seconds_total", model, pool)
+    return usd / seconds * 3600 if seconds > 0 else None

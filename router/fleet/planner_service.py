@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from contracts.plans import FleetPlan
 from router.fleet.planner import Decision, Planner, PlannerPolicy
-from router.fleet.planner_feed import Scrape, interval_sample, parse_metrics
+from router.fleet.planner_feed import Scrape, interval_sample, parse_metrics, worker_usd_per_hour
 from router.fleet.planner_model import Fleet, Slo, parse_slo, speeds_from_profile
 from router.fleet.planner_window import PlannerWindow
 
@@ -63,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what the router's ratio API runs: local re-roling keeps the total",
     )  # fmt: skip
     parser.add_argument("--interval-s", type=float, default=30.0)
-    parser.add_argument("--usd-per-worker-hour", type=float, default=1.0)
+    parser.add_argument(
+        "--usd-per-worker-hour", type=float, default=None,
+        help="default: the router's cost model (worker_cost_usd_per_hour), as it charged the pools",
+    )  # fmt: skip
     parser.add_argument("--min-workers", type=int, default=2)
     parser.add_argument("--max-workers", type=int, default=16)
     parser.add_argument("--budget", type=float, default=math.inf, help="$/hour, at most")
@@ -136,7 +140,8 @@ class RouterClient:
 def _policy(args: argparse.Namespace, total: int) -> PlannerPolicy:
     local = args.scaler == "local"
     return PlannerPolicy(
-        usd_per_worker_hour=args.usd_per_worker_hour,
+        # Until a price is known, a worker-hour is the unit: the fewest workers win.
+        usd_per_worker_hour=args.usd_per_worker_hour or 1.0,
         min_workers=total if local else args.min_workers,
         max_workers=total if local else args.max_workers,
         budget_usd_per_hour=args.budget, lead_s=args.change_cost_s + args.interval_s,
@@ -169,6 +174,9 @@ async def plan_once(args: argparse.Namespace, client: RouterClient, planner_of, 
     previous[:] = [current]
     sample = interval_sample(before, after, model=args.model, slo=args.slo)
     planner: Planner = planner_of(current.workers)
+    price = args.usd_per_worker_hour or worker_usd_per_hour(before, after, model=args.model)
+    if price and price != planner.policy.usd_per_worker_hour:
+        planner.policy = replace(planner.policy, usd_per_worker_hour=price)
     decision = planner.step(sample, current, settled=settled)
     if decision is None:
         return after

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from router.fleet.planner_feed import interval_sample, parse_metrics, quantiles, share_under
+from router.fleet.planner_feed import (
+    interval_sample,
+    parse_metrics,
+    quantiles,
+    share_under,
+    worker_usd_per_hour,
+)  # fmt: skip
 from router.fleet.planner_model import Slo
 
 MODEL = "m"
@@ -82,3 +88,19 @@ def test_an_interval_without_answers_has_no_lengths() -> None:
     sample = interval_sample(parse_metrics([text], 0.0), parse_metrics([text], 30.0), model=MODEL,
                              slo=Slo(ttft_s=1.0, itl_s=0.1))  # fmt: skip
     assert sample.arrivals == 0 and sample.lengths == () and sample.met_slo == 0
+
+
+def test_the_price_of_a_worker_hour_is_the_routers_cost_model() -> None:
+    def text(seconds: float, usd: float) -> str:
+        r = CollectorRegistry()
+        time = Counter("pdserve_worker_seconds", "", ["model", "pool", "kind"], registry=r)
+        cost = Counter("pdserve_cost_usd", "", ["model", "pool"], registry=r)
+        for pool in ("prefill", "decode"):
+            time.labels(MODEL, pool, "nvidia-h100").inc(seconds)
+            cost.labels(MODEL, pool).inc(usd)
+        return generate_latest(r).decode()
+
+    before = parse_metrics([text(0, 0)], 0.0)
+    after = parse_metrics([text(60, 0.05)], 30.0)  # two workers: 120 s for $0.10
+    assert worker_usd_per_hour(before, after, model=MODEL) == pytest.approx(3.0)
+    assert worker_usd_per_hour(before, before, model=MODEL) is None
