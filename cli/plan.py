@@ -29,19 +29,12 @@ from router.fleet.planner_model import (
     Load,
     Slo,
     arrival_cv2,
-    parse_slo,
     predict,
     speeds_from_profile,
 )  # fmt: skip
+from router.fleet.planner_service import slo_argument
 from sim.fleet_replay import FleetSize, replay, slo_outcome
 from sim.profile import TimingProfile, load_profile
-
-
-def slo_argument(spec: str) -> Slo:
-    try:
-        return parse_slo(spec)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -41,7 +41,8 @@ from router.fleet.planner_window import PlannerWindow
 log = logging.getLogger("pdserve.planner")
 
 
-def _slo(spec: str) -> Slo:
+def slo_argument(spec: str) -> Slo:
+    """``--slo``'s type (this command's and ``pdserve plan``'s): the error names the format."""
     try:
         return parse_slo(spec)
     except ValueError as error:
@@ -53,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a router replica's URL; repeat for every replica")  # fmt: skip
     parser.add_argument("--model", required=True, help="the served model to plan for")
     parser.add_argument("--mode", choices=("recommend", "apply"), default="recommend")
-    parser.add_argument("--slo", type=_slo, required=True, help="ttft=S,itl=S[,attainment=F]")
+    parser.add_argument(
+        "--slo", type=slo_argument, required=True, help="ttft=S,itl=S[,attainment=F]"
+    )
     parser.add_argument(
         "--profile", type=Path, required=True,
         help="the engine's timing profile (JSON, as `pdserve sim calibrate` writes it; "

@@ -7,6 +7,7 @@ so a planner with a tight TTFT SLO wants more prefill. Slow tier: it re-roles en
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,11 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localrun.cluster import ClusterPlan, LocalCluster
+from localrun.cluster import LocalCluster
 from localrun.ports import free_ports
-from modelstore import tiny_llama
 from tests.client_load import ClientLoad
-from tests.clusters import MODEL
+from tests.clusters import MODEL, small_sim_cluster
 from tests.conditions import wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,22 +31,12 @@ PROFILE = Path(__file__).resolve().parents[2] / "sim/profiles/tiny-cpu.json"
 
 @pytest.fixture(scope="module")
 def pd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    (port,) = free_ports(1)
-    tokens = (
-        f"planner:planner:{PLANNER},planner-op:operator:{PLANNER_OPERATOR},dash:viewer:{VIEWER}"
-    )
-    plan = ClusterPlan(
-        model_path=tiny_llama.ensure(), served_name=MODEL, prefill=1, decode=3, port=port,
-        run_dir=tmp_path_factory.mktemp("planner-cluster"), ready_timeout_s=60,
-        heartbeat_interval_s=0.5, drain_timeout_s=10, engine="sim",
-        router_env={"PDSERVE_ADMIN_TOKENS": tokens},
-    )  # fmt: skip
-    cluster = LocalCluster(plan)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    tokens = ",".join((f"planner:planner:{PLANNER}", f"planner-op:operator:{PLANNER_OPERATOR}",
+                       f"dash:viewer:{VIEWER}"))  # fmt: skip
+    env = {"PDSERVE_ADMIN_TOKENS": tokens}
+    run_dir = tmp_path_factory.mktemp("planner-cluster")
+    with small_sim_cluster(run_dir, prefill=1, decode=3, drain_timeout_s=10, router_env=env) as c:
+        yield c
 
 
 def get(cluster: LocalCluster, path: str, token: str = VIEWER) -> httpx.Response:
@@ -71,16 +61,28 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def planner_under_load(cluster: LocalCluster, mode: str, token: str) -> Iterator[int]:
+    """Long prompts from 4 clients, and a planner beside the cluster (its /metrics port is
+    yielded); both stopped on exit, the load's failures asserted to be none."""
+    (metrics_port,) = free_ports(1)
+    load = ClientLoad((cluster.router_url,), max_tokens=4, prompt_repeats=300)
+    load.start(clients=4)
+    planner = start_planner(cluster, mode, token, metrics_port)
+    try:
+        yield metrics_port
+    finally:
+        stop(planner)
+        failures = load.finish()
+    assert failures == [], f"{len(failures)} of {len(load.outcomes)} requests failed"
+
+
 def plan_of(cluster: LocalCluster) -> dict | None:
     return get(cluster, "/admin/v1/plans").json()["plans"].get(MODEL)
 
 
 def test_recommend_publishes_a_plan_with_its_reason_and_changes_nothing(pd_cluster):
-    (metrics_port,) = free_ports(1)
-    load = ClientLoad((pd_cluster.router_url,), max_tokens=4, prompt_repeats=300)
-    load.start(clients=4)
-    planner = start_planner(pd_cluster, "recommend", PLANNER, metrics_port)
-    try:
+    with planner_under_load(pd_cluster, "recommend", PLANNER) as metrics_port:
         wait_for(lambda: (plan_of(pd_cluster) or {}).get("prefill", 1) > 1, 90,
                  "a plan for more prefill")  # fmt: skip
         plan = plan_of(pd_cluster)
@@ -95,10 +97,6 @@ def test_recommend_publishes_a_plan_with_its_reason_and_changes_nothing(pd_clust
         assert (
             f'pdserve_planner_workers{{model="{MODEL}",role="prefill"}} {plan["prefill"]}.0' in own
         )
-    finally:
-        stop(planner)
-        failures = load.finish()
-    assert failures == []
     counts = get(pd_cluster, "/admin/v1/pools").json()["models"][MODEL]["counts"]
     assert counts == {"prefill": 1, "decode": 3}  # recommend changes nothing
     audit = get(pd_cluster, "/admin/v1/audit").json()["entries"]
@@ -111,11 +109,7 @@ def test_recommend_publishes_a_plan_with_its_reason_and_changes_nothing(pd_clust
 
 
 def test_apply_asks_the_ratio_api_and_the_pools_follow(pd_cluster):
-    (metrics_port,) = free_ports(1)
-    load = ClientLoad((pd_cluster.router_url,), max_tokens=4, prompt_repeats=300)
-    load.start(clients=4)
-    planner = start_planner(pd_cluster, "apply", PLANNER_OPERATOR, metrics_port)
-    try:
+    with planner_under_load(pd_cluster, "apply", PLANNER_OPERATOR):
         wait_for(lambda: (plan_of(pd_cluster) or {}).get("applied", False), 90, "an applied plan")
 
         def pools_match_plan() -> bool:
@@ -124,10 +118,6 @@ def test_apply_asks_the_ratio_api_and_the_pools_follow(pd_cluster):
             return pool["counts"] == {"prefill": plan["prefill"], "decode": plan["decode"]}
 
         wait_for(pools_match_plan, 120, "the pools at the planned split")
-    finally:
-        stop(planner)
-        failures = load.finish()
-    assert failures == [], f"{len(failures)} of {len(load.outcomes)} requests failed"
     counts = get(pd_cluster, "/admin/v1/pools").json()["models"][MODEL]["counts"]
     assert counts["prefill"] > 1 and sum(counts.values()) == 4
     audit = get(pd_cluster, "/admin/v1/audit").json()["entries"]

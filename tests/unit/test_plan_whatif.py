@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from cli.plan import frontier, recommend, slo_argument
+from cli.plan import frontier, recommend
 from router.fleet.planner_model import Slo
+from router.fleet.planner_service import slo_argument
 
 
 def row(fleet: str, usd: float, goodput: float, attainment: float) -> dict:
