@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,10 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
-async def plan_once(args: argparse.Namespace, client: RouterClient, planner_of, before: Scrape,
-                    previous: list[Fleet], gauges: PlannerGauges) -> Scrape:  # fmt: skip
+async def plan_once(
+    args: argparse.Namespace, client: RouterClient, planner_of: Callable[[int], Planner],
+    before: Scrape, previous: list[Fleet], gauges: PlannerGauges,
+) -> Scrape:  # fmt: skip
     """One interval: read, decide, publish (and in apply mode, ask for the fleet)."""
     after = await client.scrape()
     pools = (await client.call("GET", "/admin/v1/pools"))["models"].get(args.model)
@@ -173,10 +176,13 @@ async def plan_once(args: argparse.Namespace, client: RouterClient, planner_of, 
     counts = pools["counts"]
     target = pools["target"] or counts
     current = Fleet(prefill=target["prefill"], decode=target["decode"])
+    if current.prefill < 1 or current.decode < 1:
+        log.warning("%s has %s: a P/D plan needs a worker of each role", args.model, current)
+        return after
     settled = counts == target and previous[-1:] == [current]
     previous[:] = [current]
     sample = interval_sample(before, after, model=args.model, slo=args.slo)
-    planner: Planner = planner_of(current.workers)
+    planner = planner_of(current.workers)
     price = args.usd_per_worker_hour or worker_usd_per_hour(before, after, model=args.model)
     if price and price != planner.policy.usd_per_worker_hour:
         planner.policy = replace(planner.policy, usd_per_worker_hour=price)
