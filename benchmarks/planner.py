@@ -441,6 +441,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    machine = machine_record()  # at the start: the commit whose code runs
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     setup = Setup(load_profile(args.profile), Slo(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s,
                   attainment=args.attainment), args.usd_per_worker_hour, args.interval_s,
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in step.values():
         run["recovery"] = recovery(setup, run, step_at)
     report = {
-        "machine": machine_record(),
+        "machine": machine,
         "command": "python -m benchmarks.planner " + " ".join(argv or sys.argv[1:]),
         "settings": vars(args)
         | {

@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    machine = machine_record()  # at the start: the commit whose code runs
     rows = []
     for item in args.fleets.split(","):
         prefill, decode = (int(n) for n in item.split(":"))
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"fleet": f"{prefill}P+{decode}D", "predicted": guess, "measured": real,
                      "goodput_ratio": ratio and round(ratio, 3)})  # fmt: skip
         print(json.dumps(rows[-1]), file=sys.stderr)
-    report = {"machine": machine_record(),
+    report = {"machine": machine,
               "command": "python -m benchmarks.planner_whatif " + " ".join(argv or sys.argv[1:]),
               "settings": vars(args) | {"trace": str(args.trace), "out": str(args.out)},
               "fleets": rows}  # fmt: skip
