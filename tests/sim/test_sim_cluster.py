@@ -352,6 +352,9 @@ def test_a_decode_that_cannot_start_within_the_kv_lease_is_failed_not_relayed(si
             set_faults(sim_cluster, name, slowdown=1)
     for name in decodes:
         wait_for(lambda n=name: sim_cluster.worker_status()[n]["eligible"], 30, f"{name} back")
+    # A step begun while slowed sleeps its 2000x out (seconds on a busy box): the tests
+    # after this one, on the same cluster, count running requests, so wait it out here.
+    wait_for(lambda: not serving_decodes(sim_cluster), 60, "the slowed decodes' steps ended")
 
 
 def test_a_prompt_beyond_the_context_window_is_refused_before_any_worker_sees_it(sim_cluster):
