@@ -73,8 +73,10 @@ async def test_calibrating_a_sim_recovers_its_profile():
 
     # The fit splits the fixed cost between overhead and floor as the noise falls;
     # what must hold is the TTFT it predicts (plus the HTTP round trip, a few ms),
-    # at the measured lengths and between them.
+    # at the measured lengths and between them. 12 ms: beside another slow module's sim
+    # cluster under load on a 2-core box, scheduling adds up to ~11 ms to a ~50 ms TTFT
+    # (59 and 61 ms seen against 50); the 15% still binds from ~80 ms up.
     for length in (*PREFILL_LENGTHS, 384, 1800):
         assert single_prompt_ttft_ms(fitted, length) == pytest.approx(
-            single_prompt_ttft_ms(truth, length), rel=0.15, abs=8
+            single_prompt_ttft_ms(truth, length), rel=0.15, abs=12
         )
