@@ -41,7 +41,15 @@ from pathlib import Path
 from contracts.machine import machine_record
 from loadgen.traces import DEFAULT_TRACE, TraceRequest, read_trace
 from router.fleet.planner import Planner, PlannerPolicy
-from router.fleet.planner_model import Fleet, Slo, Speeds, predict, speeds_from_profile
+from router.fleet.planner_model import (
+    Fleet,
+    Load,
+    Slo,
+    Speeds,
+    fleets,
+    predict,
+    speeds_from_profile,
+)  # fmt: skip
 from router.fleet.planner_window import IntervalSample, PlannerWindow
 from sim.fleet_replay import Controller, FleetSize, Observation, ReplayResult, slo_outcome
 from sim.fleet_replay import replay as replay_fleet
@@ -264,8 +272,6 @@ def series(setup: Setup, result: ReplayResult) -> dict:
 
 def peak_pick(setup: Setup, workload: list[TraceRequest], peak_rate: float) -> Fleet:
     """The planner model's cheapest fleet for the day's peak (where the fixed sweep starts)."""
-    from router.fleet.planner_model import Load, fleets
-
     lengths = tuple((r.input_tokens, r.output_tokens) for r in workload[:4096])
     load = Load(rate_per_s=peak_rate, prefix_hit=0.0, lengths=lengths)
     speeds = prior_speeds(setup.profile)

@@ -28,13 +28,14 @@ from router.fleet.planner_model import (
     Fleet,
     Load,
     Slo,
+    Speeds,
     arrival_cv2,
     predict,
     speeds_from_profile,
 )  # fmt: skip
 from router.fleet.planner_service import slo_argument
 from sim.fleet_replay import FleetSize, replay, slo_outcome
-from sim.profile import TimingProfile, load_profile
+from sim.profile import load_profile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,11 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("plan"))
 
 
-def candidates(model_pick: Fleet, slo: Slo, load: Load, profile: TimingProfile,
+def candidates(model_pick: Fleet, slo: Slo, load: Load, speeds: Speeds,
                max_workers: int) -> list[Fleet]:  # fmt: skip
     """Sizes two below to three above the model's pick; at each, its best split and the
     splits either side."""
-    speeds = speeds_from_profile(asdict(profile))
     out: list[Fleet] = []
     for total in range(
         max(2, model_pick.workers - 2), min(max_workers, model_pick.workers + 3) + 1
@@ -67,8 +67,7 @@ def candidates(model_pick: Fleet, slo: Slo, load: Load, profile: TimingProfile,
     return out
 
 
-def model_pick(slo: Slo, load: Load, profile: TimingProfile, max_workers: int) -> Fleet:
-    speeds = speeds_from_profile(asdict(profile))
+def model_pick(slo: Slo, load: Load, speeds: Speeds, max_workers: int) -> Fleet:
     for total in range(2, max_workers + 1):
         for prefill in range(1, total):
             fleet = Fleet(prefill=prefill, decode=total - prefill)
@@ -104,8 +103,8 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
               file=sys.stderr)  # fmt: skip
         return row
 
-    pick = model_pick(args.slo, load, profile, affordable)
-    rows = [run(fleet) for fleet in candidates(pick, args.slo, load, profile, affordable)]
+    pick = model_pick(args.slo, load, speeds, affordable)
+    rows = [run(fleet) for fleet in candidates(pick, args.slo, load, speeds, affordable)]
     while not any(r["attainment"] >= args.slo.attainment for r in rows):
         best = max(rows, key=lambda r: (r["goodput_per_s"], -r["usd_per_hour"]))
         total = max(r["prefill"] + r["decode"] for r in rows) + 1

@@ -48,9 +48,10 @@ STATUS_BATCHES = 100  # the status view counts the newest this many batches
 async def read_status(request: Request) -> dict[str, Any]:
     parts = parts_of(request)
     batches = await parts.batch.book.count_by_status(newest=STATUS_BATCHES)
+    plans: dict[str, FleetPlan] = {}
     with contextlib.suppress(StateUnavailable):  # the status stands without the plans
         plans = await _plans(request)
-    update = {"batches": batches, "plans": plans if "plans" in locals() else {}}
+    update = {"batches": batches, "plans": plans}
     return snapshot(parts).model_copy(update=update).model_dump(mode="json")
 
 
