@@ -66,6 +66,19 @@ class PrefillMark:
     alone: bool  # nothing else was under way there at the send
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerFit:
+    """What the predictor has measured of one worker, for whoever plans the fleet (the
+    planner reads it from /metrics): None where it has no measurement of its own."""
+
+    # A prefill alone: intercept_s + s_per_token x n + s_per_token_per_ktoken x n^2 / 1000.
+    prefill: tuple[float, float, float] | None = None
+    drain_tokens_per_s: float | None = None  # through a queue
+    # Prefill end to first token: intercept_s + s_per_request x requests there
+    # (itself included) + s_per_token x prompt tokens pulled.
+    handoff: tuple[float, float, float] | None = None
+
+
 @dataclass(slots=True)
 class _Drain:
     """One worker's throughput while it has prefills under way."""
@@ -170,6 +183,24 @@ class TTFTPredictor:
         drain = self._drains.get(worker_id)
         rate = drain.rate(self._min_samples) if drain is not None else None
         return _Curve(0.0, 1.0 / rate, 0.0) if rate else None
+
+    def fits(self) -> dict[str, WorkerFit]:
+        """Every worker's measured speeds (a probe, its own prefills, its handoffs)."""
+        out: dict[str, WorkerFit] = {}
+        for worker_id in {*self._fits, *self._seeded, *self._drains, *self._handoff_fits}:
+            curve = self._measured_curve(worker_id)
+            drain = self._drains.get(worker_id)
+            handoff = self._handoff_fits.get(worker_id)
+            plane = handoff.solve(self._min_samples) if handoff is not None else None
+            fit = WorkerFit(
+                prefill=None if curve is None else
+                (curve.intercept_s, curve.s_per_token, curve.s_per_ktoken_pair),
+                drain_tokens_per_s=drain.rate(self._min_samples) if drain else None,
+                handoff=None if plane is None else (plane[0], *plane[1]),
+            )  # fmt: skip
+            if fit != WorkerFit():
+                out[worker_id] = fit
+        return out
 
     def handoff_s(self, decode_worker_id: str, requests: int, pulled_tokens: int) -> float:
         """Seconds from prefill end to first token on this decode worker, with

@@ -25,12 +25,22 @@ _INDEX = "batches"
 _TRIES = 20  # compare-and-set retries before a change gives up (a hot document)
 
 
+class PendingLines(BaseModel):
+    """A running batch's lines of one model not yet answered, and their tokens: prompt
+    (estimated, 4 characters a token) and output (max_tokens)."""
+
+    lines: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
 class BatchProgress(BaseModel):
     """How a running batch is doing, as its runner last published it (every second)."""
 
     lines_per_s: float = 0.0  # lines answered per second, over the last minute
     # Its lines not yet answered: prompt (estimated, 4 characters a token) and max_tokens.
     backlog_tokens: int = 0
+    pending: dict[str, PendingLines] = {}  # by model (the SLO planner plans for them)
     seconds_left: float | None = None  # until its completion window ends
     in_flight: int = 0
     pace_limit: int = 0  # lines its pacing lets be in flight now (``pacing.py``)

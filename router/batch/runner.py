@@ -44,7 +44,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from contracts.batch import (
@@ -59,7 +59,7 @@ from contracts.batch import (
     OutputLine,
     RequestCounts,
 )
-from router.batch.book import BatchBook, BatchProgress, BatchRecord
+from router.batch.book import BatchBook, BatchProgress, BatchRecord, PendingLines
 from router.batch.file_store import FileStore, read_all
 from router.batch.pacing import LinePacer, Send
 from router.batch.validation import BodyCheck, check_input
@@ -249,9 +249,11 @@ class BatchRunner:
         batch = record.batch
         kept = await self._state.batch_lines(batch.id)
         counts = _counts(len(lines), kept.values())
-        backlog = sum(_tokens_at_most(line.body) for line in lines if line.custom_id not in kept)
         pacer = LinePacer(cap=self._limits.max_in_flight, initial=_INITIAL_LINES)
-        pace = _Pace(pacer, backlog_tokens=backlog)
+        pace = _Pace(pacer)
+        for line in lines:
+            if line.custom_id not in kept:
+                pace.count(line.body, +1)
         tasks: set[asyncio.Task[None]] = set()
         finished: list[asyncio.Task[None]] = []
 
@@ -267,7 +269,7 @@ class BatchRunner:
                     counts.failed += not outcome.succeeded
                     self._meters.batch_line("succeeded" if outcome.succeeded else "failed")
                 if answered:
-                    pace.backlog_tokens -= _tokens_at_most(line.body)
+                    pace.count(line.body, -1)
             finally:
                 await pace.pacer.give_back(grew=answered, send=send)
 
@@ -343,7 +345,8 @@ class BatchRunner:
             risky = at_risk(now_s=now_s, started_s=started_s, done=done - done_before,
                             left=counts.total - done, expires_at=batch.expires_at)  # fmt: skip
             progress = BatchProgress(
-                lines_per_s=_rate(recent), backlog_tokens=max(0, pace.backlog_tokens),
+                lines_per_s=_rate(recent), backlog_tokens=pace.backlog_tokens,
+                pending={m: p.model_copy() for m, p in pace.pending.items() if p.lines > 0},
                 seconds_left=None if batch.expires_at is None else batch.expires_at - now_s,
                 in_flight=pace.pacer.in_flight, pace_limit=pace.pacer.limit,
             )  # fmt: skip
@@ -432,8 +435,20 @@ class _Pace:
     (then its lines no longer yield to interactive traffic), and its backlog."""
 
     pacer: LinePacer
-    backlog_tokens: int
+    pending: dict[str, PendingLines] = field(default_factory=dict)  # by model
     urgent: bool = False
+
+    def count(self, body: dict, sign: int) -> None:
+        """A line joins (+1) or leaves (-1, answered) the backlog."""
+        prompt, output = _tokens_at_most(body)
+        part = self.pending.setdefault(str(body.get("model", "")), PendingLines())
+        part.lines += sign
+        part.prompt_tokens += sign * prompt
+        part.output_tokens += sign * output
+
+    @property
+    def backlog_tokens(self) -> int:
+        return max(0, sum(p.prompt_tokens + p.output_tokens for p in self.pending.values()))
 
 
 class BatchMeters(Protocol):
@@ -491,13 +506,13 @@ def _rate(recent: deque[tuple[float, int]]) -> float:
     return (last - first) / (last_s - first_s) if last_s > first_s else 0.0
 
 
-def _tokens_at_most(body: dict) -> int:
-    """A line's tokens, estimated high without its tokenizer: its prompt's characters (4
-    a token, less for most text) and its output cap."""
+def _tokens_at_most(body: dict) -> tuple[int, int]:
+    """A line's (prompt, output) tokens, estimated high without its tokenizer: its
+    prompt's characters (4 a token, less for most text) and its output cap."""
     prompt = body.get("prompt") or body.get("messages") or body.get("input") or ""
     chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt))
     output = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    return chars // 4 + (output if isinstance(output, int) else 0)
+    return chars // 4, output if isinstance(output, int) else 0
 
 
 def _with(record: BatchRecord, **changes: object) -> BatchRecord:

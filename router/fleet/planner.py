@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, replace
 
 from router.fleet.planner_model import Fleet, Load, Prediction, Slo, Speeds, fleets, predict
-from router.fleet.planner_window import IntervalSample, PlannerWindow
+from router.fleet.planner_window import IntervalSample, PlannerWindow, Pressure
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +49,8 @@ class PlannerPolicy:
     ceiling_tolerance: float = 0.005
     correction_decay: float = 0.7
     max_correction: float = 0.04
+    kv_usage_high: float = 0.9  # decode KV usage (0-1) that counts as short, as a preemption
+    batch_pace_margin: float = 1.25  # plan batch lines this much faster than their deadlines
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,42 +72,78 @@ def moved_workers(current: Fleet, target: Fleet) -> int:
     return max(0, target.prefill - current.prefill) + max(0, target.decode - current.decode)
 
 
-def _candidates(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> list[Prediction]:
-    budget_workers = policy.max_workers
-    if policy.usd_per_worker_hour > 0 and math.isfinite(policy.budget_usd_per_hour):
-        affordable = int(policy.budget_usd_per_hour // policy.usd_per_worker_hour)
-        budget_workers = min(budget_workers, affordable)
-    candidates = [predict(f, load, speeds, slo, policy.usd_per_worker_hour)
-                  for f in fleets(policy.min_workers, budget_workers)]  # fmt: skip
-    if not candidates:
-        raise ValueError("the budget buys fewer than min_workers workers")
-    return candidates
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Question:
+    """Which fleets meet the SLO under one load: what every step of ``plan`` asks."""
 
+    load: Load
+    speeds: Speeds
+    slo: Slo
+    policy: PlannerPolicy
+    batch: Load | None = None  # batch lines due, at the lowest priority
+    min_decode: int = 0  # fewer decode workers are not candidates (KV short)
 
-def _cheapest(load: Load, speeds: Speeds, slo: Slo, policy: PlannerPolicy) -> Prediction:
-    candidates = _candidates(load, speeds, slo, policy)
-    meeting = [p for p in candidates if p.meets(slo)]
-    if meeting:
-        return min(meeting, key=lambda p: (p.usd_per_hour, -p.attainment))
-    return max(candidates, key=lambda p: (p.attainment, -p.usd_per_hour))
+    def predict(self, fleet: Fleet) -> Prediction:
+        return predict(fleet, self.load, self.speeds, self.slo, self.policy.usd_per_worker_hour,
+                       self.batch)  # fmt: skip
+
+    def candidates(self) -> list[Prediction]:
+        policy = self.policy
+        budget_workers = policy.max_workers
+        if policy.usd_per_worker_hour > 0 and math.isfinite(policy.budget_usd_per_hour):
+            affordable = int(policy.budget_usd_per_hour // policy.usd_per_worker_hour)
+            budget_workers = min(budget_workers, affordable)
+        every = fleets(policy.min_workers, budget_workers)
+        if not every:
+            raise ValueError("the budget buys fewer than min_workers workers")
+        # A floor no fleet in the bounds reaches is dropped: the bounds come first.
+        floored = [f for f in every if f.decode >= self.min_decode] or every
+        return [self.predict(f) for f in floored]
+
+    def cheapest(self) -> Prediction:
+        candidates = self.candidates()
+        meeting = [p for p in candidates if p.meets(self.slo)]
+        if meeting:
+            return min(meeting, key=lambda p: (p.usd_per_hour, -p.attainment))
+        return max(candidates, key=lambda p: (p.batch_keeps_pace, p.attainment,
+                                              -p.usd_per_hour))  # fmt: skip
+
+    def at(self, factor: float) -> _Question:
+        return replace(self, load=self.load.scaled(factor))
 
 
 def plan(
     current: Fleet, load: Load, *, trend_per_s2: float, speeds: Speeds, slo: Slo,
     policy: PlannerPolicy, now_s: float, last_change_s: float | None,
+    pressure: Pressure | None = None,
 ) -> Decision:  # fmt: skip
     """The fleet to run next; ``current`` counts workers still starting (already paid)."""
-    ahead = load.rate_per_s + max(0.0, trend_per_s2) * policy.lead_s
+    pressure = pressure or Pressure()
+    backlog = pressure.waiting_requests / policy.lead_s if policy.lead_s > 0 else 0.0
+    ahead = load.rate_per_s + max(0.0, trend_per_s2) * policy.lead_s + backlog
     forecast = load.scaled(ahead / load.rate_per_s) if load.rate_per_s > 0 else load
+    batch = pressure.batch
+    if batch is not None:
+        batch = batch.scaled(policy.batch_pace_margin)
+    short = pressure.kv_short(policy.kv_usage_high)
+    # The model saw room for the decode batch, but the engines ran out of KV: trust them.
+    # Never fewer decode workers then (and one more below, where a fleet meets the SLO).
+    ask = _Question(load=forecast, speeds=speeds, slo=slo, policy=policy, batch=batch,
+                    min_decode=current.decode if short else 0)  # fmt: skip
     # Out of reach (prompts too long for the TTFT SLO cap every fleet's attainment): aim
     # a hair under the best fleet's, so that the usual rules (and hysteresis) still hold.
-    ceiling = max(p.attainment for p in _candidates(forecast, speeds, slo, policy))
+    ceiling = max(p.attainment for p in ask.candidates())
     capped = slo.attainment > ceiling - policy.ceiling_tolerance
     if capped:
-        slo = replace(slo, attainment=max(0.0, ceiling - policy.ceiling_tolerance))
-    now = predict(current, forecast, speeds, slo, policy.usd_per_worker_hour)
-    best = _cheapest(forecast, speeds, slo, policy)
+        aim = max(0.0, ceiling - policy.ceiling_tolerance)
+        ask = replace(ask, slo=replace(slo, attainment=aim))
+    now = ask.predict(current)
+    best = ask.cheapest()
     rate = f"{forecast.rate_per_s:.2f} req/s"
+    if backlog:
+        rate += f" ({pressure.waiting_requests:.0f} waiting)"
+    if batch is not None:
+        rate += f" and {batch.rate_per_s:.2f} batch lines/s"
 
     def decide(fleet: Fleet, prediction: Prediction, reason: str) -> Decision:
         if capped:
@@ -113,16 +151,22 @@ def plan(
         return Decision(fleet=fleet, current=current, reason=reason, forecast_rate_per_s=ahead,
                         prediction=prediction, current_prediction=now)  # fmt: skip
 
-    if not now.meets(slo):
-        return decide(best.fleet, best, f"{current} would meet the SLO for {now.attainment:.0%} "
-                      f"of requests at {rate}; {best.fleet} is the cheapest at "
-                      f"{best.attainment:.0%}")  # fmt: skip
+    if not now.meets(ask.slo):
+        why = "its batch lines would fall behind" if not now.batch_keeps_pace else (
+            f"would meet the SLO for {now.attainment:.0%} of requests")  # fmt: skip
+        return decide(best.fleet, best, f"{current} {why} at {rate}; {best.fleet} is the "
+                      f"cheapest at {best.attainment:.0%}")  # fmt: skip
+    if short:
+        more = replace(ask, min_decode=current.decode + 1).cheapest()
+        if more.fleet.decode > current.decode and more.meets(ask.slo):
+            return decide(more.fleet, more, f"decode is short of KV at {rate} "
+                          f"({pressure.describe_kv()}); {more.fleet} is the cheapest with more "
+                          f"decode ({more.attainment:.0%})")  # fmt: skip
     if best.usd_per_hour >= now.usd_per_hour:
         return decide(current, now, f"{current} meets the SLO at {rate} "
                       f"({now.attainment:.0%}) and nothing cheaper does")  # fmt: skip
     fleet, prediction, reason = _cheaper_if_worth_it(
-        current, now, forecast, speeds=speeds, slo=slo, policy=policy,
-        since_change_s=None if last_change_s is None else now_s - last_change_s,
+        current, now, ask, since_change_s=None if last_change_s is None else now_s - last_change_s,
     )  # fmt: skip
     return decide(fleet, prediction, reason)
 
@@ -132,12 +176,12 @@ def _out_of_reach(reason: str, ceiling: float) -> str:
 
 
 def _cheaper_if_worth_it(
-    current: Fleet, now: Prediction, forecast: Load, *, speeds: Speeds, slo: Slo,
-    policy: PlannerPolicy, since_change_s: float | None,
-) -> tuple[Fleet, Prediction, str]:  # fmt: skip
+    current: Fleet, now: Prediction, ask: _Question, *, since_change_s: float | None
+) -> tuple[Fleet, Prediction, str]:
     """Scale down, or re-split for less, only with margin, spacing and payback."""
-    rate = f"{forecast.rate_per_s:.2f} req/s"
-    safe = _cheapest(forecast.scaled(1 + policy.scale_down_margin), speeds, slo, policy)
+    policy, slo = ask.policy, ask.slo
+    rate = f"{ask.load.rate_per_s:.2f} req/s"
+    safe = ask.at(1 + policy.scale_down_margin).cheapest()
     if not safe.meets(slo) or safe.usd_per_hour >= now.usd_per_hour:
         return current, now, (f"{current} meets the SLO at {rate}; nothing cheaper would at "
                               f"{policy.scale_down_margin:.0%} more load")  # fmt: skip
@@ -160,7 +204,7 @@ def _cheaper_if_worth_it(
     if saved <= cost:
         return current, now, (f"{safe.fleet} would save ${saved:.2f} over {policy.payback_s:.0f}s, "
                               f"less than the change costs (${cost:.2f})")  # fmt: skip
-    predicted = predict(safe.fleet, forecast, speeds, slo, policy.usd_per_worker_hour)
+    predicted = ask.predict(safe.fleet)
     return (
         safe.fleet,
         predicted,
@@ -203,7 +247,7 @@ class Planner:
         slo = replace(self._slo, attainment=min(0.999, self._slo.attainment + correction))
         decision = plan(current, load, trend_per_s2=self.window.trend_per_s2(), speeds=speeds,
                         slo=slo, policy=self.policy, now_s=sample.end_s,
-                        last_change_s=self.last_change_s)  # fmt: skip
+                        last_change_s=self.last_change_s, pressure=sample.pressure)  # fmt: skip
         if decision.changes:
             self.last_change_s = sample.end_s
         self.last = decision

@@ -14,7 +14,16 @@ model:
   that holds it: set SLOs at bucket bounds for exact figures);
 - **prefix hits**: the prefill pool's ``pdserve_pool_prefix_cache_hits`` over queries;
 - **$/hour per worker** (``worker_usd_per_hour``): the router's cost model as it
-  charged the model's P/D pools, ``pdserve_cost_usd`` over ``pdserve_worker_seconds``.
+  charged the model's P/D pools, ``pdserve_cost_usd`` over ``pdserve_worker_seconds``;
+- **measured speeds**: the routers' TTFT predictor's prefill and handoff curves
+  (``pdserve_ttft_predictor_fit``), each coefficient's median over the workers;
+- **pressure** at the interval's end: requests waiting (the routers' prefill queues and
+  the prefill engines' own), the decode pool's KV usage and its preemptions over the
+  interval, and the running batches' lines due (``pdserve_batch_due_lines_per_second``,
+  their pending lines and tokens).
+
+Views every replica reads from the shared registry (engine queues, KV usage) count
+once, the highest replica's; everything a replica holds or counts alone adds up.
 
 Pure: text in, ``IntervalSample`` out.
 """
@@ -22,13 +31,14 @@ Pure: text in, ``IntervalSample`` out.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.fleet.planner_model import Slo
-from router.fleet.planner_window import IntervalSample
+from router.fleet.planner_model import Load, Slo
+from router.fleet.planner_window import IntervalSample, Pressure
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -36,22 +46,61 @@ Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @dataclass(frozen=True, slots=True)
 class Scrape:
     at_s: float
-    series: Series
+    series: Series  # summed over the replicas: counts, and what each replica holds alone
+    replicas: tuple[Series, ...] = ()  # each replica's own: views every replica shares
 
 
 def parse_metrics(texts: list[str], at_s: float) -> Scrape:
-    """Several routers' ``/metrics`` text, summed series by series."""
+    """Several routers' ``/metrics`` text, summed series by series (and each kept)."""
     series: Series = defaultdict(float)
+    replicas = []
     for text in texts:
+        own: Series = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                series[(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
-    return Scrape(at_s=at_s, series=dict(series))
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                series[key] += sample.value
+                own[key] = sample.value
+        replicas.append(own)
+    return Scrape(at_s=at_s, series=dict(series), replicas=tuple(replicas))
 
 
 def _sum(scrape: Scrape, name: str, **match: str) -> float:
     wanted = set(match.items())
     return sum(v for (n, labels), v in scrape.series.items() if n == name and wanted <= set(labels))
+
+
+def _shared(scrape: Scrape, name: str, **match: str) -> float | None:
+    """A view every replica reads from the shared registry (so each reports it whole):
+    the highest replica's, not their sum; None where no replica reports it."""
+    wanted = set(match.items())
+    values = [v for own in scrape.replicas for (n, labels), v in own.items()
+              if n == name and wanted <= set(labels)]  # fmt: skip
+    return max(values) if values else None
+
+
+_PREFILL_FIT = ("prefill_intercept_seconds", "prefill_seconds_per_token",
+                "prefill_seconds_per_token_per_ktoken")  # fmt: skip
+_HANDOFF_FIT = ("handoff_intercept_seconds", "handoff_seconds_per_request",
+                "handoff_seconds_per_token")  # fmt: skip
+
+
+def measured_curve(scrape: Scrape, model: str, coefficients: tuple[str, ...]) -> tuple | None:
+    """The TTFT predictor's curve for the model's workers (``pdserve_ttft_predictor_fit``):
+    each coefficient's median over every worker and replica that measured the whole
+    curve (a replica learns from its own requests); None where none has."""
+    curves = []
+    for own in scrape.replicas:
+        by_worker: dict[str, dict[str, float]] = defaultdict(dict)
+        for (name, labels), value in own.items():
+            tags = dict(labels)
+            if name == "pdserve_ttft_predictor_fit" and tags.get("model") == model:
+                by_worker[tags["worker"]][tags["coefficient"]] = value
+        curves += [tuple(c[k] for k in coefficients) for c in by_worker.values()
+                   if all(k in c for k in coefficients)]  # fmt: skip
+    if not curves:
+        return None
+    return tuple(statistics.median(values) for values in zip(*curves, strict=True))
 
 
 def _delta(before: Scrape, after: Scrape, name: str, model: str, pool: str | None = None) -> float:
@@ -133,7 +182,38 @@ def interval_sample(before: Scrape, after: Scrape, *, model: str, slo: Slo,
         arrivals=max(0, round(arrivals)), lengths=lengths,
         met_slo=round(met * len(lengths)),
         input_tokens=max(0, round(queries)), cached_tokens=max(0, round(min(hits, queries))),
+        measured_prefill=measured_curve(after, model, _PREFILL_FIT),
+        measured_handoff=measured_curve(after, model, _HANDOFF_FIT),
+        pressure=pressure(before, after, model=model),
     )  # fmt: skip
+
+
+def pressure(before: Scrape, after: Scrape, *, model: str) -> Pressure:
+    """Work waiting now, the decode pool's KV and preemptions, and batch lines due."""
+    waiting = _sum(after, "pdserve_prefill_queue_waiting_requests", model=model) + (
+        _shared(after, "pdserve_pool_queue_depth", model=model, pool="prefill") or 0.0
+    )
+    preempted = _delta(before, after, "pdserve_pool_preemptions_total", model, "decode")
+    usage = _shared(after, "pdserve_pool_kv_cache_usage_perc", model=model, pool="decode")
+    return Pressure(
+        waiting_requests=waiting,
+        decode_kv_usage=usage,
+        decode_preemptions=max(0, round(preempted)),
+        batch=batch_due(after, model=model),
+    )
+
+
+def batch_due(scrape: Scrape, *, model: str) -> Load | None:
+    """The running batches' lines of the model as a load: the pace their deadlines need,
+    at their mean (estimated) prompt and output lengths; None without such lines."""
+    lines = _sum(scrape, "pdserve_batch_pending_lines", model=model)
+    due = _sum(scrape, "pdserve_batch_due_lines_per_second", model=model)
+    if lines < 1 or due <= 0:
+        return None
+    prompt = _sum(scrape, "pdserve_batch_pending_tokens", model=model, direction="input")
+    output = _sum(scrape, "pdserve_batch_pending_tokens", model=model, direction="output")
+    mean = (max(1, round(prompt / lines)), max(1, round(output / lines)))
+    return Load(rate_per_s=due, lengths=(mean,), prefix_hit=0.0)
 
 
 def worker_usd_per_hour(before: Scrape, after: Scrape, *, model: str) -> float | None:

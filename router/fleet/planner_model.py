@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 
@@ -72,6 +72,34 @@ class Speeds:
     handoff_s_per_ktoken: float
     kv_capacity_tokens: int
     max_num_seqs: int
+    # Measured by the router's TTFT predictor (``with_measured``); 0 in a sim profile.
+    prefill_s_per_token_per_ktoken: float = 0.0  # attention: n^2 / 1000 tokens
+    handoff_s_per_request: float = 0.0  # per request in flight on the decode worker
+    # A measured handoff (prefill end to first token) holds the decode's first step.
+    handoff_includes_first_step: bool = False
+
+    def prefill_s(self, uncached_tokens: float) -> float:
+        n = uncached_tokens
+        return self.prefill_s_per_request + n * (
+            self.prefill_s_per_token + self.prefill_s_per_token_per_ktoken * n / 1000
+        )
+
+
+def with_measured(
+    speeds: Speeds, *, prefill: Sequence[float] | None, handoff: Sequence[float] | None
+) -> Speeds:
+    """``speeds`` with the TTFT predictor's measured curves in place of the prior's: a
+    prefill alone (intercept, per token, per token per 1000 tokens) and the handoff
+    (intercept, per request in flight on the decode worker, per prompt token pulled)."""
+    if prefill is not None:
+        speeds = replace(speeds, prefill_s_per_request=prefill[0],
+                         prefill_s_per_token=prefill[1],
+                         prefill_s_per_token_per_ktoken=prefill[2])  # fmt: skip
+    if handoff is not None:
+        speeds = replace(speeds, handoff_s=handoff[0], handoff_s_per_request=handoff[1],
+                         handoff_s_per_ktoken=handoff[2] * 1000,
+                         handoff_includes_first_step=True)  # fmt: skip
+    return speeds
 
 
 def speeds_from_profile(profile: Mapping[str, object]) -> Speeds:
@@ -155,13 +183,14 @@ class Prediction:
     itl_attainment: float
     usd_per_hour: float
     usd_per_million_tokens: float
+    batch_keeps_pace: bool = True  # the batch backlog's lines meet their deadlines
 
     @property
     def attainment(self) -> float:
         return self.ttft_attainment * self.itl_attainment
 
     def meets(self, slo: Slo) -> bool:
-        return self.attainment >= slo.attainment
+        return self.attainment >= slo.attainment and self.batch_keeps_pace
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -173,23 +202,44 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * blocking / (servers - offered * (1 - blocking))
 
 
-def _prefill(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, decode_s: float) -> tuple:
-    services = [
-        speeds.prefill_s_per_request + speeds.prefill_s_per_token * i * (1 - load.prefix_hit)
-        for i, _ in load.lengths
-    ]
+def _services(load: Load, speeds: Speeds) -> list[float]:
+    return [speeds.prefill_s(i * (1 - load.prefix_hit)) for i, _ in load.lengths]
+
+
+def _batch_residual(fleet: Fleet, batch: Load | None, speeds: Speeds) -> tuple[float, float]:
+    """(the batch's offered prefill load in Erlangs, the mean delay it adds to a request of
+    a higher class): an engine serving by priority still finishes the batch prefill under
+    way, so an arrival waits its residual (E[S^2] / 2E[S]) when it lands on one."""
+    if batch is None or batch.rate_per_s <= 0:
+        return 0.0, 0.0
+    services = _services(batch, speeds)
+    mean = sum(services) / len(services)
+    offered = batch.rate_per_s * mean
+    residual = sum(s * s for s in services) / len(services) / (2 * mean)
+    return offered, min(1.0, offered / fleet.prefill) * residual
+
+
+def _prefill(
+    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, after_s: float, batch: Load | None
+) -> tuple[float, float]:
+    """(utilization, batch lines included; the share of requests in time). ``after_s``:
+    what every request waits past its prefill and its KV's own transfer (the handoff's
+    fixed part, the decode's first step). Batch lines are the lowest class: they take
+    capacity, but delay a request only by the batch prefill it may find under way."""
+    services = _services(load, speeds)
     mean = sum(services) / len(services)
     offered = load.rate_per_s * mean
-    utilization = offered / fleet.prefill
-    if utilization >= 1:
+    batch_offered, batch_delay_s = _batch_residual(fleet, batch, speeds)
+    utilization = (offered + batch_offered) / fleet.prefill
+    if offered >= fleet.prefill:
         return utilization, 0.0
+    after_s += batch_delay_s
     spread = sum((s - mean) ** 2 for s in services) / len(services) / mean**2
     waits = erlang_c(fleet.prefill, offered)
     decay = (fleet.prefill - offered) / mean * 2 / (load.arrival_cv2 + spread)
     met = 0.0
     for service, (prompt, _) in zip(services, load.lengths, strict=True):
-        handoff = speeds.handoff_s + speeds.handoff_s_per_ktoken * prompt / 1000
-        room = slo.ttft_s - service - handoff - decode_s
+        room = slo.ttft_s - service - speeds.handoff_s_per_ktoken * prompt / 1000 - after_s
         met += 0.0 if room < 0 else 1 - waits * math.exp(-decay * room)
     return utilization, met / len(services)
 
@@ -219,18 +269,22 @@ class _DecodeView:
     kv_wait: float  # the fraction of requests that wait for a decode slot (KV or seqs)
 
 
-def _decode(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo) -> _DecodeView:
-    outputs = sum(o for _, o in load.lengths)
-    mean_output = outputs / len(load.lengths)
-    # A sequence stays in the batch for as many steps as it has output tokens, so the
-    # batch holds long answers more often than the arrivals do: weigh contexts by output.
-    context = sum((i + o / 2) * o for i, o in load.lengths) / max(outputs, 1)
+def _decode(fleet: Fleet, loads: Sequence[Load], speeds: Speeds, slo: Slo) -> _DecodeView:
+    """Every load's sequences share the decode batches (priority does not split a batch)."""
+    # Output tokens per second, and the context each decode step of theirs carries. A
+    # sequence stays in the batch for as many steps as it has output tokens, so the batch
+    # holds long answers more often than the arrivals do: weigh contexts by output.
+    tokens_per_s = sum(x.rate_per_s * sum(o for _, o in x.lengths) / len(x.lengths)
+                       for x in loads)  # fmt: skip
+    weighted = sum(x.rate_per_s * sum((i + o / 2) * o for i, o in x.lengths) / len(x.lengths)
+                   for x in loads)  # fmt: skip
+    context = weighted / tokens_per_s if tokens_per_s > 0 else 0.0
     per_seq = speeds.decode_s_per_seq + speeds.decode_s_per_ktoken * context / 1000
-    busy = load.rate_per_s * mean_output * per_seq / fleet.decode
+    busy = tokens_per_s * per_seq / fleet.decode
     if busy >= 1:
         return _DecodeView(math.inf, math.inf, 0.0, 1.0)
     itl = speeds.decode_step_s / (1 - busy)
-    in_flight = load.rate_per_s * mean_output * itl
+    in_flight = tokens_per_s * itl
     slots = min(speeds.max_num_seqs, math.floor(speeds.kv_capacity_tokens / max(context, 1.0)))
     if in_flight >= slots * fleet.decode:
         return _DecodeView(in_flight / fleet.decode, math.inf, 0.0, 1.0)
@@ -245,16 +299,27 @@ def _decode(fleet: Fleet, load: Load, speeds: Speeds, slo: Slo) -> _DecodeView:
 
 
 def predict(
-    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, usd_per_worker_hour: float
-) -> Prediction:
+    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, usd_per_worker_hour: float,
+    batch: Load | None = None,
+) -> Prediction:  # fmt: skip
+    """``load``: interactive traffic, judged against the SLO; ``batch``: batch lines at
+    the pace their deadlines need, served at the lowest priority (no SLO of their own,
+    but the fleet must keep that pace: ``Prediction.batch_keeps_pace``)."""
     if fleet.prefill < 1 or fleet.decode < 1:
         raise ValueError("a P/D fleet needs at least one prefill and one decode worker")
-    decode = _decode(fleet, load, speeds, slo)
-    first_step = speeds.decode_step_s if math.isinf(decode.p99_itl_s) else decode.p99_itl_s
-    utilization, ttft_attainment = _prefill(fleet, load, speeds, slo, first_step)
+    decode = _decode(fleet, [load] if batch is None else [load, batch], speeds, slo)
+    overflow = math.isinf(decode.p99_itl_s)
+    after_s = speeds.handoff_s
+    if speeds.handoff_includes_first_step:
+        after_s += speeds.handoff_s_per_request * (1 + (0.0 if overflow else decode.batch))
+    else:
+        after_s += speeds.decode_step_s if overflow else decode.p99_itl_s
+    utilization, ttft_attainment = _prefill(fleet, load, speeds, slo, after_s, batch)
     usd = fleet.workers * usd_per_worker_hour
-    tokens_per_hour = load.rate_per_s * 3600 * load.tokens_per_request
+    tokens_per_hour = sum(x.rate_per_s * 3600 * x.tokens_per_request
+                          for x in (load, batch) if x is not None)  # fmt: skip
     return Prediction(
+        batch_keeps_pace=batch is None or (utilization < 1 and not overflow),
         fleet=fleet,
         prefill_utilization=utilization,
         # A request waiting for a decode slot waits for one to finish: seconds, not ms.

@@ -81,6 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a start or re-role: seconds paid before the worker serves",
     )  # fmt: skip
     parser.add_argument("--scale-down-margin", type=float, default=0.15)
+    parser.add_argument(
+        "--kv-usage-high", type=float, default=0.9,
+        help="decode KV usage (0-1) read as short of KV, as a preemption is: never fewer "
+        "decode workers then, and one more where a fleet meets the SLO",
+    )  # fmt: skip
+    parser.add_argument(
+        "--batch-pace-margin", type=float, default=1.25,
+        help="plan running batches' lines this much faster than their deadlines need",
+    )  # fmt: skip
     parser.add_argument("--token-file", type=Path, help="else PDSERVE_PLANNER_TOKEN")
     parser.add_argument("--metrics-port", type=int, default=0, help="0: no /metrics")
     parser.add_argument("--metrics-host", default="127.0.0.1")
@@ -151,6 +160,7 @@ def _policy(args: argparse.Namespace, total: int) -> PlannerPolicy:
         budget_usd_per_hour=args.budget, lead_s=args.change_cost_s + args.interval_s,
         scale_down_margin=args.scale_down_margin,
         min_change_interval_s=args.min_change_interval_s, change_cost_s=args.change_cost_s,
+        kv_usage_high=args.kv_usage_high, batch_pace_margin=args.batch_pace_margin,
     )  # fmt: skip
 
 

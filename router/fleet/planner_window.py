@@ -8,7 +8,9 @@ lengths and cache hits, and each worker's engine time against its work. From the
 - ``speeds()``: prefill seconds per request and per uncached token, and decode seconds
   per step and per sequence in the batch, fitted (exponentially decayed least squares,
   router/admission/decayed_fit.py) on the engines' own busy time. Until a fit has
-  ``min_fit_samples``, the prior (configured, or a profile's) stands in.
+  ``min_fit_samples``, the prior (configured, or a profile's) stands in. The routers' TTFT
+  predictor's newest measured curves (prefill alone, handoff), where a sample brings
+  them, replace the prefill and handoff parts.
 
 Invariants: memory is bounded (``window_s`` of intervals, ``max_lengths`` pairs); pure
 (no clock: samples carry their time).
@@ -20,7 +22,26 @@ import collections
 from dataclasses import dataclass, replace
 
 from router.admission.decayed_fit import DecayedFit
-from router.fleet.planner_model import Load, Speeds
+from router.fleet.planner_model import Load, Speeds, with_measured
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pressure:
+    """What the fleet holds at the interval's end, beside the rates: work waiting, the
+    decode pool's KV, and batch lines due (``planner.plan`` says how each counts)."""
+
+    waiting_requests: float = 0.0  # in the routers' queues and the prefill engines'
+    decode_kv_usage: float | None = None  # the decode pool's mean, 0-1
+    decode_preemptions: int = 0  # over the interval
+    batch: Load | None = None  # the batches' lines, at the pace their deadlines need
+
+    def kv_short(self, high: float) -> bool:
+        return self.decode_preemptions > 0 or (self.decode_kv_usage or 0.0) >= high
+
+    def describe_kv(self) -> str:
+        usage = "" if self.decode_kv_usage is None else f"KV {self.decode_kv_usage:.0%}"
+        preempted = f"{self.decode_preemptions} preempted" if self.decode_preemptions else ""
+        return ", ".join(part for part in (preempted, usage) if part)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +57,10 @@ class IntervalSample:
     prefill_work: tuple[tuple[int, int, float], ...] = ()
     # Per decode worker: (engine steps, tokens generated, engine busy seconds).
     decode_work: tuple[tuple[int, int, float], ...] = ()
+    # The routers' TTFT predictor's measured curves (``planner_model.with_measured``).
+    measured_prefill: tuple[float, float, float] | None = None
+    measured_handoff: tuple[float, float, float] | None = None
+    pressure: Pressure = Pressure()
 
 
 class PlannerWindow:
@@ -56,6 +81,7 @@ class PlannerWindow:
         self._min_fit = min_fit_samples
         self._prefill_fit = DecayedFit(1)
         self._decode_fit = DecayedFit(1)
+        self._measured: tuple[tuple[float, ...] | None, tuple[float, ...] | None] = (None, None)
 
     def __repr__(self) -> str:
         return f"PlannerWindow(intervals={len(self._intervals)}, lengths={len(self._lengths)})"
@@ -65,6 +91,8 @@ class PlannerWindow:
         while self._intervals and self._intervals[0].end_s <= sample.end_s - self._window_s:
             self._intervals.popleft()
         self._lengths.extend(sample.lengths)
+        prefill, handoff = self._measured
+        self._measured = (sample.measured_prefill or prefill, sample.measured_handoff or handoff)
         for requests, tokens, busy_s in sample.prefill_work:
             if requests > 0 and busy_s > 0:
                 self._prefill_fit.add((tokens / requests,), busy_s / requests, self._decay)
@@ -107,4 +135,5 @@ class PlannerWindow:
             # The per-sequence slope was measured at today's contexts: it stands for both.
             speeds = replace(speeds, decode_step_s=decode[0], decode_s_per_seq=decode[1][0],
                              decode_s_per_ktoken=0.0)  # fmt: skip
-        return speeds
+        prefill, handoff = self._measured  # the routers' own fits, the newest, come last
+        return with_measured(speeds, prefill=prefill, handoff=handoff)

@@ -13,6 +13,7 @@ time, published from each process's own state, or derived from the summed series
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
@@ -22,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from contracts.workers import WorkerRole
 from router.admission.admission_queue import PrefillQueue
+from router.admission.ttft_predictor import TTFTPredictor
 from router.fleet.registry import WorkerRegistry
 from router.observability.fleet_accounting import FleetAccounting
 from router.observability.metrics import RouterMetrics
@@ -124,8 +126,17 @@ class SharedStateCollector(Collector):
             "Requests waiting in the pool's engines (vLLM num_requests_waiting, summed)",
             labels=["model", "pool"],
         )
+        kv = GaugeMetricFamily(
+            "pdserve_pool_kv_cache_usage_perc",
+            "The pool's engines' mean KV cache usage (vLLM kv_cache_usage_perc)",
+            labels=["model", "pool"],
+        )
         waiting: dict[tuple[str, str], float] = defaultdict(float)
+        usage: dict[tuple[str, str], list[float]] = defaultdict(list)
         for worker in self._registry.workers():
+            usage[worker.registration.model, worker.role.value].append(
+                worker.load.kv_cache_usage_perc
+            )
             held.add_metric([worker.worker_id], index.blocks_held(worker.worker_id))
             if worker.load.prefix_cache_queries:
                 ratio = worker.load.prefix_cache_hits / worker.load.prefix_cache_queries
@@ -135,6 +146,8 @@ class SharedStateCollector(Collector):
             )
         for (model, pool), value in waiting.items():
             depth.add_metric([model, pool], value)
+        for (model, pool), values in usage.items():
+            kv.add_metric([model, pool], sum(values) / len(values))
         events = CounterMetricFamily(
             "pdserve_kv_event_batches",
             "KV event batches received, and gaps/restarts detected, per worker",
@@ -142,7 +155,7 @@ class SharedStateCollector(Collector):
         )
         for (worker_id, kind), count in self._stats.snapshot().kv_event_batches.items():
             events.add_metric([worker_id, kind], count)
-        yield from (size, held, observed, depth, events)
+        yield from (size, held, observed, depth, kv, events)
 
 
 def process_gauge_publisher(
@@ -155,8 +168,10 @@ def process_gauge_publisher(
     accounting: FleetAccounting,
     backend_up: Callable[[], bool],
     engines: EngineClient,
+    predictor: TTFTPredictor,
 ) -> Callable[[], None]:
     """Set this process's gauges from its own state (a closure for ``on_publish``)."""
+    publish_fits = _fit_publisher(metrics, registry, predictor)
 
     def publish() -> None:
         inflight = load.snapshot()
@@ -187,6 +202,48 @@ def process_gauge_publisher(
         metrics.state_up.set(1.0 if backend_up() else 0.0)
         metrics.engine_connections.labels("open").set(engines.open_connections)
         metrics.engine_connections.labels("idle").set(engines.idle_connections)
+        publish_fits()
+
+    return publish
+
+
+_FIT_COEFFICIENTS = {
+    "prefill": ("prefill_intercept_seconds", "prefill_seconds_per_token",
+                "prefill_seconds_per_token_per_ktoken"),
+    "handoff": ("handoff_intercept_seconds", "handoff_seconds_per_request",
+                "handoff_seconds_per_token"),
+}  # fmt: skip
+
+
+def _fit_publisher(
+    metrics: RouterMetrics, registry: WorkerRegistry, predictor: TTFTPredictor
+) -> Callable[[], None]:
+    """The predictor's measured speeds of registered workers; a gone worker's series go."""
+    shown: dict[str, set[tuple[str, str, str]]] = {}
+
+    def publish() -> None:
+        fits = predictor.fits()
+        now: dict[str, set[tuple[str, str, str]]] = {}
+        for worker in registry.workers():
+            fit = fits.get(worker.worker_id)
+            if fit is None:
+                continue
+            values = {"drain_tokens_per_second": fit.drain_tokens_per_s}
+            for part in ("prefill", "handoff"):
+                terms = getattr(fit, part)
+                values.update(zip(_FIT_COEFFICIENTS[part], terms or (None,) * 3, strict=True))
+            labels = now[worker.worker_id] = set()
+            for coefficient, value in values.items():
+                if value is not None:
+                    key = (worker.registration.model, worker.worker_id, coefficient)
+                    metrics.ttft_fit.labels(*key).set(value)
+                    labels.add(key)
+        for worker_id, keys in shown.items():
+            for key in keys - now.get(worker_id, set()):
+                with contextlib.suppress(KeyError):
+                    metrics.ttft_fit.remove(*key)
+        shown.clear()
+        shown.update(now)
 
     return publish
 

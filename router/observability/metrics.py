@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
@@ -546,6 +547,22 @@ class RouterMetrics:
             "A running batch's lines in flight (running), and how many its pacing allows "
             "now (limit)", ["batch", "kind"],
         )  # fmt: skip
+        # By model, over the batches this router runs now: what the SLO planner plans for.
+        self.batch_pending_lines = _process_gauge(
+            r, "pdserve_batch_pending_lines",
+            "Lines of running batches not yet answered, by the model they ask for", ["model"],
+        )  # fmt: skip
+        self.batch_pending_tokens = _process_gauge(
+            r, "pdserve_batch_pending_tokens",
+            "Their tokens: input (prompts, estimated at 4 characters a token) and output "
+            "(max_tokens)", ["model", "direction"],
+        )  # fmt: skip
+        self.batch_due_lines_per_s = _process_gauge(
+            r, "pdserve_batch_due_lines_per_second",
+            "The pace their deadlines need: each running batch's lines left over its seconds "
+            "left, summed", ["model"],
+        )  # fmt: skip
+        self._batch_pending: dict[str, BatchProgress] = {}  # batch id -> its last progress
 
     # The batch runner's meters (``router.batch.runner.BatchMeters``).
     def batch_line(self, outcome: str) -> None:
@@ -566,6 +583,7 @@ class RouterMetrics:
     def batch_progress(self, batch_id: str, progress: BatchProgress | None) -> None:
         """A running batch's progress; None when its run here ends (its series go)."""
         gauges = (self.batch_lines_per_s, self.batch_backlog_tokens, self.batch_deadline_s)
+        self._show_pending(batch_id, progress)
         if progress is None:
             for gauge in gauges:
                 _remove(gauge, batch_id)
@@ -578,6 +596,33 @@ class RouterMetrics:
             self.batch_deadline_s.labels(batch_id).set(progress.seconds_left)
         self.batch_in_flight.labels(batch_id, "running").set(progress.in_flight)
         self.batch_in_flight.labels(batch_id, "limit").set(progress.pace_limit)
+
+    def _show_pending(self, batch_id: str, progress: BatchProgress | None) -> None:
+        before = {m for p in self._batch_pending.values() for m in p.pending}
+        if progress is None:
+            self._batch_pending.pop(batch_id, None)
+        else:
+            self._batch_pending[batch_id] = progress
+        lines: dict[str, float] = defaultdict(float)
+        tokens: dict[tuple[str, str], float] = defaultdict(float)
+        due: dict[str, float] = defaultdict(float)
+        for shown in self._batch_pending.values():
+            for model, part in shown.pending.items():
+                lines[model] += part.lines
+                tokens[model, "input"] += part.prompt_tokens
+                tokens[model, "output"] += part.output_tokens
+                if shown.seconds_left is not None:
+                    due[model] += part.lines / max(1.0, shown.seconds_left)
+        for model in before - set(lines):
+            _remove(self.batch_pending_lines, model)
+            _remove(self.batch_due_lines_per_s, model)
+            for direction in ("input", "output"):
+                _remove(self.batch_pending_tokens, model, direction)
+        for model, count in lines.items():
+            self.batch_pending_lines.labels(model).set(count)
+            self.batch_due_lines_per_s.labels(model).set(due[model])
+        for (model, direction), count in tokens.items():
+            self.batch_pending_tokens.labels(model, direction).set(count)
 
     def _declare_embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_splits = Counter(
@@ -646,6 +691,16 @@ class RouterMetrics:
             "The router's connections to engines (engine_client): open ones (each holds one "
             "of upstream_pool_size), and of those the idle ones kept for reuse",
             ["state"], "livesum",
+        )  # fmt: skip
+        self.ttft_fit = gauge(
+            "pdserve_ttft_predictor_fit",
+            "The TTFT predictor's measured speeds per worker (for the SLO planner), by "
+            "coefficient: prefill alone (prefill_intercept_seconds, prefill_seconds_per_token, "
+            "prefill_seconds_per_token_per_ktoken: the square term), drain_tokens_per_second "
+            "(through a queue), and prefill end to first token (handoff_intercept_seconds, "
+            "handoff_seconds_per_request in flight there, handoff_seconds_per_token pulled); "
+            "processes: the most recently set", ["model", "worker", "coefficient"],
+            "livemostrecent",
         )  # fmt: skip
         self.state_up = gauge(
             "pdserve_state_backend_up",

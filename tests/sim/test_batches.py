@@ -233,6 +233,11 @@ def test_an_sre_lists_every_tenants_batches_and_cancels_one(cluster):
     assert 1 <= shown["pace_limit"] <= 32
     gauges = metric_lines(cluster, f'batch="{batch.id}"')
     assert any(g.startswith("pdserve_batch_backlog_tokens") for g in gauges)
+    # By model, for the SLO planner: its lines pending, and the pace its window needs.
+    (pending,) = metric_lines(cluster, f'pdserve_batch_pending_lines{{model="{MODEL}"}}')
+    assert 0 < float(pending.rsplit(" ", 1)[1]) <= 60
+    (due,) = metric_lines(cluster, f'pdserve_batch_due_lines_per_second{{model="{MODEL}"}}')
+    assert 0 < float(due.rsplit(" ", 1)[1]) <= 60 / (23 * 3600)
     listed = subprocess.run(
         [
             sys.executable,

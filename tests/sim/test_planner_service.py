@@ -19,6 +19,9 @@ import pytest
 
 from localrun.cluster import LocalCluster
 from localrun.ports import free_ports
+from router.fleet.planner_feed import interval_sample, parse_metrics
+from router.fleet.planner_model import Slo
+from router.fleet.planner_window import IntervalSample
 from tests.client_load import ClientLoad
 from tests.clusters import MODEL, small_sim_cluster
 from tests.conditions import wait_for
@@ -77,6 +80,12 @@ def planner_under_load(cluster: LocalCluster, mode: str, token: str) -> Iterator
     assert failures == [], f"{len(failures)} of {len(load.outcomes)} requests failed"
 
 
+def measured(cluster: LocalCluster) -> IntervalSample:
+    text = httpx.get(cluster.router_url + "/metrics", timeout=10).text
+    scrapes = (parse_metrics([text], 0.0), parse_metrics([text], 1.0))
+    return interval_sample(*scrapes, model=MODEL, slo=Slo(ttft_s=0.15, itl_s=1.0))
+
+
 def plan_of(cluster: LocalCluster) -> dict | None:
     return get(cluster, "/admin/v1/plans").json()["plans"].get(MODEL)
 
@@ -93,6 +102,11 @@ def test_recommend_publishes_a_plan_with_its_reason_and_changes_nothing(pd_clust
         assert (
             get(pd_cluster, "/admin/v1/status").json()["plans"][MODEL]["prefill"] == plan["prefill"]
         )
+        # What it planned on: the router's measured speeds and pressure, read as it reads them.
+        wait_for(lambda: measured(pd_cluster).measured_handoff is not None, 30, "handoff fits")
+        sample = measured(pd_cluster)
+        assert sample.measured_prefill is not None and sample.measured_prefill[1] > 0
+        assert sample.pressure.decode_kv_usage is not None
         own = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
         assert (
             f'pdserve_planner_workers{{model="{MODEL}",role="prefill"}} {plan["prefill"]}.0' in own

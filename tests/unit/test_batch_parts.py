@@ -9,11 +9,12 @@ import json
 import pytest
 
 from contracts.batch import Batch, FileObject
-from router.batch.book import BatchBook, TooManyBatches
+from router.batch.book import BatchBook, BatchProgress, PendingLines, TooManyBatches
 from router.batch.file_store import FileTooLarge, LocalDirectoryStore, read_all
 from router.batch.runner import at_risk
 from router.batch.validation import check_input
 from router.errors import NotFound
+from router.observability.metrics import RouterMetrics
 from router.state.memory import MemoryState
 
 
@@ -121,3 +122,27 @@ async def test_the_book_keeps_max_batches_pushing_out_the_oldest_ended():
 )  # fmt: skip
 def test_a_batch_is_at_risk_when_its_pace_ends_past_its_window(now_s, done, left, expected):
     assert at_risk(now_s=now_s, started_s=100, done=done, left=left, expires_at=160) is expected
+
+
+def test_pending_lines_by_model_add_up_over_batches_and_go_with_them():
+    metrics = RouterMetrics(window_s=60, recent_ttft_samples=10, clock=lambda: 0.0)
+
+    def progress(lines: int, seconds_left: float | None) -> BatchProgress:
+        part = PendingLines(lines=lines, prompt_tokens=100 * lines, output_tokens=10 * lines)
+        return BatchProgress(pending={"m": part}, seconds_left=seconds_left)
+
+    def shown() -> dict[str, float]:
+        text = metrics.exposition().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("pdserve_batch_")}  # fmt: skip
+
+    metrics.batch_progress("b1", progress(100, 50.0))
+    metrics.batch_progress("b2", progress(20, 10.0))
+    metrics.batch_progress("b3", progress(30, None))  # no deadline: pending, never due
+    seen = shown()
+    assert seen['pdserve_batch_pending_lines{model="m"}'] == 150
+    assert seen['pdserve_batch_pending_tokens{direction="input",model="m"}'] == 15_000
+    assert seen['pdserve_batch_due_lines_per_second{model="m"}'] == pytest.approx(100 / 50 + 2)
+    for batch_id in ("b1", "b2", "b3"):
+        metrics.batch_progress(batch_id, None)
+    assert not any(name.startswith("pdserve_batch_pending") for name in shown())

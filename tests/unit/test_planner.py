@@ -9,7 +9,7 @@ import pytest
 
 from router.fleet.planner import Planner, PlannerPolicy, moved_workers, plan
 from router.fleet.planner_model import Fleet, Load, predict
-from router.fleet.planner_window import IntervalSample, PlannerWindow
+from router.fleet.planner_window import IntervalSample, PlannerWindow, Pressure
 from tests.unit.test_planner_model import LENGTHS, SLO, SPEEDS
 
 POLICY = PlannerPolicy(usd_per_worker_hour=3.0, max_workers=12, min_change_interval_s=90,
@@ -147,3 +147,59 @@ def test_window_fits_speeds_from_engine_busy_time() -> None:
     assert fitted.decode_step_s == pytest.approx(0.006, rel=1e-3)
     assert fitted.decode_s_per_seq == pytest.approx(0.0004, rel=1e-3)
     assert fitted.decode_s_per_ktoken == 0 and not math.isnan(fitted.handoff_s)
+
+
+def test_work_waiting_now_is_planned_to_drain_within_the_lead() -> None:
+    calm = decide(Fleet(prefill=2, decode=2), 2.0)
+    waiting = plan(Fleet(prefill=2, decode=2), load(2.0), trend_per_s2=0.0, speeds=SPEEDS,
+                   slo=SLO, policy=POLICY, now_s=1000.0, last_change_s=None,
+                   pressure=Pressure(waiting_requests=240))  # fmt: skip
+    assert waiting.forecast_rate_per_s == pytest.approx(calm.forecast_rate_per_s + 240 / 60)
+    assert "240 waiting" in waiting.reason
+    assert waiting.fleet.workers >= calm.fleet.workers
+
+
+@pytest.mark.parametrize(
+    "pressure",
+    [Pressure(decode_preemptions=3), Pressure(decode_kv_usage=0.95)],
+    ids=["preempted", "kv_full"],
+)
+def test_a_decode_pool_short_of_kv_gets_a_worker_more_whatever_the_model_says(pressure) -> None:
+    current = cheapest_meeting(2.0)
+    kwargs = dict(trend_per_s2=0.0, speeds=SPEEDS, slo=SLO, policy=POLICY, now_s=1000.0,
+                  last_change_s=None)  # fmt: skip
+    assert not plan(current, load(2.0), **kwargs).changes  # the model alone sees no need
+    decision = plan(current, load(2.0), **kwargs, pressure=pressure)
+    assert decision.fleet.decode == current.decode + 1 and decision.prediction.meets(SLO)
+    assert "short of KV" in decision.reason
+    # Oversized for the load, it may shrink, but never by a decode worker while short.
+    big = Fleet(prefill=6, decode=current.decode + 1)
+    assert plan(big, load(2.0), **kwargs).fleet.decode < big.decode
+    shrunk = plan(big, load(2.0), **kwargs, pressure=pressure)
+    assert shrunk.fleet.decode >= big.decode
+
+
+def test_batch_lines_due_need_capacity_beside_the_slo() -> None:
+    current = cheapest_meeting(2.0)
+    lines = Load(rate_per_s=12.0, lengths=((4000, 200),), prefix_hit=0.0)
+    decision = plan(current, load(2.0), trend_per_s2=0.0, speeds=SPEEDS, slo=SLO,
+                    policy=POLICY, now_s=1000.0, last_change_s=None,
+                    pressure=Pressure(batch=lines))  # fmt: skip
+    assert decision.fleet.workers > current.workers
+    assert decision.prediction.batch_keeps_pace and not decision.current_prediction.batch_keeps_pace
+    assert "batch lines would fall behind" in decision.reason
+    assert "15.00 batch lines/s" in decision.reason  # planned 25% faster than due
+
+
+def test_the_routers_measured_curves_stand_until_newer_ones_come() -> None:
+    window = PlannerWindow(window_s=300, prior=SPEEDS)
+    base = dict(duration_s=30.0, arrivals=10, lengths=((1000, 10),), met_slo=1,
+                input_tokens=1000, cached_tokens=0)  # fmt: skip
+    window.add(IntervalSample(end_s=30.0, **base, measured_prefill=(0.02, 1e-4, 1e-6),
+                              measured_handoff=(0.004, 0.001, 2e-6)))  # fmt: skip
+    window.add(IntervalSample(end_s=60.0, **base))  # a scrape with no fit (a router restarted)
+    speeds = window.speeds()
+    assert speeds.prefill_s(1000) == pytest.approx(0.02 + 0.1 + 0.001)
+    assert speeds.handoff_s_per_request == 0.001 and speeds.handoff_includes_first_step
+    window.add(IntervalSample(end_s=90.0, **base, measured_prefill=(0.03, 1e-4, 0.0)))
+    assert window.speeds().prefill_s_per_request == 0.03

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from router.fleet.planner_feed import (
     interval_sample,
@@ -104,3 +104,60 @@ def test_the_price_of_a_worker_hour_is_the_routers_cost_model() -> None:
     after = parse_metrics([text(60, 0.05)], 30.0)  # two workers: 120 s for $0.10
     assert worker_usd_per_hour(before, after, model=MODEL) == pytest.approx(3.0)
     assert worker_usd_per_hour(before, before, model=MODEL) is None
+
+
+def pressure_text(*, router_waiting: float, fits: dict[str, tuple], batch: bool) -> str:
+    """One replica's view: its own queue and fits, and the shared registry's views."""
+    r = CollectorRegistry()
+    Gauge("pdserve_prefill_queue_waiting_requests", "", ["model"], registry=r).labels(
+        MODEL).set(router_waiting)  # fmt: skip
+    pool = Gauge("pdserve_pool_queue_depth", "", ["model", "pool"], registry=r)
+    pool.labels(MODEL, "prefill").set(3)
+    pool.labels(MODEL, "decode").set(7)
+    Gauge("pdserve_pool_kv_cache_usage_perc", "", ["model", "pool"], registry=r).labels(
+        MODEL, "decode").set(0.5)  # fmt: skip
+    fit = Gauge("pdserve_ttft_predictor_fit", "", ["model", "worker", "coefficient"], registry=r)
+    for worker, values in fits.items():
+        for coefficient, value in values:
+            fit.labels(MODEL, worker, coefficient).set(value)
+    fit.labels("other-model", "x", "prefill_intercept_seconds").set(9.0)
+    if batch:
+        Gauge("pdserve_batch_pending_lines", "", ["model"], registry=r).labels(MODEL).set(100)
+        tokens = Gauge("pdserve_batch_pending_tokens", "", ["model", "direction"], registry=r)
+        tokens.labels(MODEL, "input").set(50_000)
+        tokens.labels(MODEL, "output").set(10_000)
+        Gauge("pdserve_batch_due_lines_per_second", "", ["model"], registry=r).labels(
+            MODEL).set(2.0)  # fmt: skip
+    return generate_latest(r).decode()
+
+
+def curve(c: float, a: float, b: float) -> tuple:
+    names = ("prefill_intercept_seconds", "prefill_seconds_per_token",
+             "prefill_seconds_per_token_per_ktoken")  # fmt: skip
+    return tuple(zip(names, (c, a, b), strict=True))
+
+
+def test_pressure_and_measured_speeds_from_two_replicas() -> None:
+    one = pressure_text(router_waiting=2, fits={"p1": curve(0.01, 1e-4, 1e-6)}, batch=True)
+    two = pressure_text(
+        router_waiting=1, batch=False,
+        fits={"p1": curve(0.03, 3e-4, 3e-6), "p2": (("prefill_intercept_seconds", 5.0),),
+              "d1": (("handoff_intercept_seconds", 0.004), ("handoff_seconds_per_request", 0.001),
+                     ("handoff_seconds_per_token", 2e-6))},
+    )  # fmt: skip
+    before = parse_metrics([one, two], 0.0)
+    sample = interval_sample(before, parse_metrics([one, two], 30.0), model=MODEL,
+                             slo=Slo(ttft_s=1.0, itl_s=0.1))  # fmt: skip
+    seen = sample.pressure
+    # Each replica's own queue adds up; the engines' queue (shared registry) counts once.
+    assert seen.waiting_requests == 2 + 1 + 3
+    assert seen.decode_kv_usage == 0.5 and seen.decode_preemptions == 0
+    assert seen.batch is not None and seen.batch.rate_per_s == 2.0
+    assert seen.batch.lengths == ((500, 100),)
+    # Median over the workers that measured a whole curve (p2 has an intercept only).
+    assert sample.measured_prefill == pytest.approx((0.02, 2e-4, 2e-6))
+    assert sample.measured_handoff == pytest.approx((0.004, 0.001, 2e-6))
+    quiet = pressure_text(router_waiting=0, fits={}, batch=False)
+    nothing = interval_sample(parse_metrics([quiet], 0.0), parse_metrics([quiet], 30.0),
+                              model=MODEL, slo=Slo(ttft_s=1.0, itl_s=0.1))  # fmt: skip
+    assert nothing.measured_prefill is None and nothing.pressure.batch is None

@@ -15,6 +15,7 @@ from router.fleet.planner_model import (
     erlang_c,
     fleets,
     predict,
+    with_measured,
 )  # fmt: skip
 
 SPEEDS = Speeds(
@@ -115,3 +116,44 @@ def test_clumped_arrivals_wait_longer_than_poisson_ones() -> None:
     bursty = predict(Fleet(prefill=2, decode=2), Load(rate_per_s=4.0, lengths=LENGTHS,
                      prefix_hit=0.0, arrival_cv2=8.0), SPEEDS, SLO, 1.0)  # fmt: skip
     assert bursty.ttft_attainment < poisson.ttft_attainment
+
+
+def test_measured_curves_replace_the_priors() -> None:
+    measured = with_measured(SPEEDS, prefill=(0.01, 1e-4, 2e-6), handoff=(0.003, 0.002, 4e-6))
+    # A prefill alone: intercept + n x (per token + per token per ktoken x n / 1000).
+    assert measured.prefill_s(1000) == pytest.approx(0.01 + 1000 * (1e-4 + 2e-6))
+    assert measured.handoff_s_per_ktoken == pytest.approx(0.004)
+    assert measured.handoff_includes_first_step and not SPEEDS.handoff_includes_first_step
+    assert with_measured(SPEEDS, prefill=None, handoff=None) == SPEEDS
+    # The square term is what makes a long prompt miss where a line would not.
+    line = with_measured(SPEEDS, prefill=(0.01, 3e-5, 0.0), handoff=None)
+    square = with_measured(SPEEDS, prefill=(0.01, 3e-5, 3e-6), handoff=None)
+    long_prompts = load(0.1, ((30000, 50),))
+    assert predict(Fleet(prefill=2, decode=1), long_prompts, line, SLO, 1.0).meets(SLO)
+    assert not predict(Fleet(prefill=2, decode=1), long_prompts, square, SLO, 1.0).meets(SLO)
+
+
+def test_a_measured_handoff_grows_with_the_decode_batch() -> None:
+    # 0.1 s per request in flight on the decode worker: a busier decode pool, a later first
+    # token; the profile's first step (no handoff term) is not counted twice.
+    measured = with_measured(SPEEDS, prefill=None, handoff=(0.0, 0.1, 0.0))
+    light = predict(Fleet(prefill=4, decode=8), load(3.0), measured, SLO, 1.0)
+    heavy = predict(Fleet(prefill=4, decode=1), load(3.0), measured, SLO, 1.0)
+    assert heavy.decode_batch > light.decode_batch
+    assert heavy.ttft_attainment < light.ttft_attainment
+
+
+def test_batch_lines_take_capacity_but_barely_delay_interactive_requests() -> None:
+    fleet = Fleet(prefill=2, decode=2)
+    alone = predict(fleet, load(1.0), SPEEDS, SLO, 1.0)
+    lines = Load(rate_per_s=2.0, lengths=((2000, 100),), prefix_hit=0.0)
+    beside = predict(fleet, load(1.0), SPEEDS, SLO, 1.0, batch=lines)
+    assert beside.prefill_utilization > alone.prefill_utilization
+    assert beside.batch_keeps_pace and beside.meets(SLO)
+    # Served at the lowest priority, they delay a request only by a residual prefill.
+    assert alone.ttft_attainment - 0.02 <= beside.ttft_attainment <= alone.ttft_attainment
+    assert beside.decode_batch > alone.decode_batch  # but they share the decode batches
+    assert beside.usd_per_million_tokens < alone.usd_per_million_tokens
+    flood = Load(rate_per_s=60.0, lengths=((2000, 100),), prefix_hit=0.0)
+    behind = predict(fleet, load(1.0), SPEEDS, SLO, 1.0, batch=flood)
+    assert not behind.batch_keeps_pace and not behind.meets(SLO)

@@ -199,3 +199,21 @@ def test_a_stepped_engines_queue_drain_is_learned_from_its_busy_time():
         )
     assert rate * 0.6 < predictor.tokens_per_s("w") <= rate
     assert old_fit.tokens_per_s("w") > 1.3 * rate  # too fast: queues predicted too short
+
+
+def test_fits_lists_only_what_was_measured_for_the_planner():
+    predictor = TTFTPredictor(prior_tokens_per_s=1e6)
+    assert predictor.fits() == {}  # the prior is nobody's measurement
+    for tokens in range(100, 2100, 100):
+        observe_alone(predictor, "p", tokens, 0.02 + tokens / 4000 + 2e-6 * tokens**2 / 1000)
+    for requests in range(1, 21):
+        predictor.observe_handoff("d", requests, 100 * requests, 0.01 + 0.002 * requests
+                                  + 1e-5 * 100 * requests + 1e-4 * (requests % 3))  # fmt: skip
+    fits = predictor.fits()
+    assert set(fits) == {"p", "d"}
+    assert fits["p"].prefill == pytest.approx((0.02, 1 / 4000, 2e-6), rel=1e-3, abs=1e-9)
+    assert fits["p"].handoff is None and fits["d"].prefill is None
+    intercept, per_request, per_token = fits["d"].handoff
+    assert predictor.handoff_s("d", 7, 700) == pytest.approx(
+        intercept + 7 * per_request + 700 * per_token
+    )
