@@ -50,7 +50,7 @@ from router.fleet.planner_model import (
     predict,
     speeds_from_profile,
 )  # fmt: skip
-from router.fleet.planner_window import IntervalSample, PlannerWindow
+from router.fleet.planner_window import IntervalSample, PlannerWindow, Pressure
 from sim.fleet_replay import Controller, FleetSize, Observation, ReplayResult, slo_outcome
 from sim.fleet_replay import replay as replay_fleet
 from sim.profile import TimingProfile, load_profile
@@ -204,10 +204,26 @@ def interval_sample(setup: Setup, observation: Observation) -> IntervalSample:
                            for w in observation.workers if w.role == "prefill"),
         decode_work=tuple((w.steps, w.generated_tokens, w.busy_s)
                           for w in observation.workers if w.role == "decode"),
+        pressure=pressure(observation),
     )  # fmt: skip
 
 
-def pdserve_planner(setup: Setup, policy: PlannerPolicy, log: list[dict]) -> Controller:
+def pressure(observation: Observation) -> Pressure:
+    """What the live planner reads from /metrics: the prefill engines' queues, the decode
+    pool's mean KV usage and its preemptions over the interval."""
+    decode = [w for w in observation.workers if w.role == "decode"]
+    return Pressure(
+        waiting_requests=sum(w.waiting for w in observation.workers if w.role == "prefill"),
+        decode_kv_usage=sum(w.kv_usage for w in decode) / len(decode) if decode else None,
+        decode_preemptions=sum(w.preemptions for w in decode),
+    )
+
+
+def pdserve_planner(
+    setup: Setup, policy: PlannerPolicy, log: list[dict], *, pressure_read: bool = True
+) -> Controller:
+    """``pressure_read=False``: the planner as it was before it read queues, KV usage and
+    preemptions (rates, lengths and speeds only), for the comparison in the same run."""
     window = PlannerWindow(window_s=4 * setup.interval_s, prior=prior_speeds(setup.profile))
     planner = Planner(window=window, slo=setup.slo, policy=policy)
     previous: list[FleetSize] = []
@@ -218,7 +234,10 @@ def pdserve_planner(setup: Setup, policy: PlannerPolicy, log: list[dict]) -> Con
             previous[-1:] == [total])  # fmt: skip
         previous.append(total)
         fleet = Fleet(prefill=total.prefill, decode=total.decode)
-        decision = planner.step(interval_sample(setup, observation), fleet, settled=settled)
+        sample = interval_sample(setup, observation)
+        if not pressure_read:
+            sample = replace(sample, pressure=Pressure())
+        decision = planner.step(sample, fleet, settled=settled)
         if decision is None:
             return None
         log.append({"t_s": round(observation.now_s), "fleet": str(decision.fleet),
@@ -316,6 +335,7 @@ def dynamic_runs(setup: Setup, policy: PlannerPolicy, workload: list[TraceReques
         "llm-d style (saturation 0.55/0.40)": llmd_style(setup),
         "Dynamo style (load-based +-1)": dynamo_style(setup),
         "pdserve planner": pdserve_planner(setup, policy, planner_log),
+        "pdserve planner, rates only": pdserve_planner(setup, policy, [], pressure_read=False),
     }
     for name, controller in controllers.items():
         started = time.perf_counter()
