@@ -29,7 +29,7 @@ from router.fleet.planner_model import (
     Load,
     Slo,
     Speeds,
-    arrival_cv2,
+    arrival_clumps,
     predict,
     speeds_from_profile,
 )  # fmt: skip
@@ -82,9 +82,10 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
     still grows: the model guides where to look, the replays decide."""
     profile = load_profile(args.profile)
     duration_s = requests[-1].send_at_s - requests[0].send_at_s or 1.0
+    clumps, between_clumps_cv2 = arrival_clumps(sorted(r.send_at_s for r in requests))
     load = Load(rate_per_s=len(requests) / duration_s, prefix_hit=0.0,
                 lengths=tuple((r.input_tokens, r.output_tokens) for r in requests),
-                arrival_cv2=arrival_cv2(sorted(r.send_at_s for r in requests)))  # fmt: skip
+                arrival_cv2=between_clumps_cv2, clump_sizes=clumps)  # fmt: skip
     affordable = min(args.max_workers, int(args.budget // args.usd_per_worker_hour)
                      if math.isfinite(args.budget) and args.usd_per_worker_hour > 0
                      else args.max_workers)  # fmt: skip

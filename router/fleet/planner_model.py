@@ -29,6 +29,7 @@ attainment; a load past a pool's capacity predicts 0 attainment, never a negativ
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -127,9 +128,12 @@ class Load:
     rate_per_s: float
     lengths: tuple[tuple[int, int], ...]  # (input, output) tokens of recent requests
     prefix_hit: float  # the fraction of input tokens found cached
-    # The squared coefficient of variation of the gaps between arrivals: 1 for Poisson,
-    # more for bursts (a trace whose requests come in clumps).
+    # The squared coefficient of variation of the gaps between arrivals (between clumps,
+    # where requests come in clumps): 1 for Poisson, more for bursts.
     arrival_cv2: float = 1.0
+    # The sizes of the clumps the requests came in (requests arriving at once, as a
+    # client's burst or a trace's rounded timestamps): empty when each came alone.
+    clump_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -138,14 +142,27 @@ class Load:
             raise ValueError("prefix_hit is a fraction of input tokens, in [0, 1]")
         if self.arrival_cv2 <= 0:
             raise ValueError("arrival_cv2 must be positive (1 for Poisson arrivals)")
+        if any(size < 1 for size in self.clump_sizes):
+            raise ValueError("a clump holds at least one request")
 
     @property
     def tokens_per_request(self) -> float:
         return sum(i + o for i, o in self.lengths) / len(self.lengths)
 
     def scaled(self, factor: float) -> Load:
-        return Load(rate_per_s=self.rate_per_s * factor, lengths=self.lengths,
-                    prefix_hit=self.prefix_hit, arrival_cv2=self.arrival_cv2)  # fmt: skip
+        return replace(self, rate_per_s=self.rate_per_s * factor)
+
+    def rounds_behind(self, servers: int) -> dict[int, float]:
+        """The share of requests that find ``r`` rounds of their own clump ahead of them
+        on ``servers`` (the clump's first ``servers`` none, the next ``servers`` one...)."""
+        if not self.clump_sizes:
+            return {0: 1.0}
+        shares: dict[int, float] = defaultdict(float)
+        total = sum(self.clump_sizes)
+        for size in self.clump_sizes:
+            for position in range(size):
+                shares[position // servers] += 1 / total
+        return dict(shares)
 
 
 def arrival_cv2(times_s: Sequence[float]) -> float:
@@ -158,6 +175,22 @@ def arrival_cv2(times_s: Sequence[float]) -> float:
     if mean <= 0:
         return 1.0
     return max(1e-3, sum((g - mean) ** 2 for g in gaps) / len(gaps) / mean**2)
+
+
+def arrival_clumps(
+    times_s: Sequence[float], within_s: float = 1e-3
+) -> tuple[tuple[int, ...], float]:
+    """Sorted arrival times as clumps (arrivals within ``within_s`` of the clump's first):
+    their sizes, and the ``arrival_cv2`` of the gaps between clumps."""
+    starts: list[float] = []
+    sizes: list[int] = []
+    for t in times_s:
+        if starts and t - starts[-1] <= within_s:
+            sizes[-1] += 1
+        else:
+            starts.append(t)
+            sizes.append(1)
+    return tuple(sizes), arrival_cv2(starts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,10 +270,15 @@ def _prefill(
     spread = sum((s - mean) ** 2 for s in services) / len(services) / mean**2
     waits = erlang_c(fleet.prefill, offered)
     decay = (fleet.prefill - offered) / mean * 2 / (load.arrival_cv2 + spread)
+    # A clump's requests also wait for each other: P of them start, the next P wait a
+    # round of service, and so on, whatever queue the clump found.
+    rounds = load.rounds_behind(fleet.prefill)
     met = 0.0
     for service, (prompt, _) in zip(services, load.lengths, strict=True):
         room = slo.ttft_s - service - speeds.handoff_s_per_ktoken * prompt / 1000 - after_s
-        met += 0.0 if room < 0 else 1 - waits * math.exp(-decay * room)
+        for behind, share in rounds.items():
+            left = room - behind * mean
+            met += 0.0 if left < 0 else share * (1 - waits * math.exp(-decay * left))
     return utilization, met / len(services)
 
 

@@ -11,6 +11,7 @@ from router.fleet.planner_model import (
     Load,
     Slo,
     Speeds,
+    arrival_clumps,
     arrival_cv2,
     erlang_c,
     fleets,
@@ -157,3 +158,26 @@ def test_batch_lines_take_capacity_but_barely_delay_interactive_requests() -> No
     flood = Load(rate_per_s=60.0, lengths=((2000, 100),), prefix_hit=0.0)
     behind = predict(fleet, load(1.0), SPEEDS, SLO, 1.0, batch=flood)
     assert not behind.batch_keeps_pace and not behind.meets(SLO)
+
+
+def test_a_clumps_requests_wait_for_each_other_a_round_per_p_ahead() -> None:
+    sizes, between = arrival_clumps([0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 6.0, 6.0, 9.0])
+    assert sizes == (5, 1, 2, 1) and between == pytest.approx(1e-3)  # clumps evenly spaced
+    clumped = Load(rate_per_s=1.0, lengths=LENGTHS[:1], prefix_hit=0.0, clump_sizes=sizes)
+    # Of 9 requests on 2 servers: 6 start at once, 2 wait a round (the 5-clump's 3rd
+    # and 4th), 1 waits two (its 5th).
+    assert clumped.rounds_behind(2) == pytest.approx({0: 6 / 9, 1: 2 / 9, 2: 1 / 9})
+    assert clumped.rounds_behind(8) == {0: pytest.approx(1.0)}
+    # The same rate in clumps of 10 misses where it came alone: on two workers a clump's
+    # last two wait four rounds of 0.6-s prefills, its 5th-8th two or three: only the
+    # first three rounds (60%) fit in the 2-s SLO.
+    alone = load(0.5, ((20000, 50),))
+    together = Load(rate_per_s=0.5, lengths=((20000, 50),), prefix_hit=0.0,
+                    clump_sizes=(10,) * 10)  # fmt: skip
+    fleet = Fleet(prefill=2, decode=1)
+    assert predict(fleet, alone, SPEEDS, SLO, 1.0).ttft_attainment > 0.95
+    assert 0.55 < predict(fleet, together, SPEEDS, SLO, 1.0).ttft_attainment < 0.61
+    more = predict(Fleet(prefill=10, decode=1), together, SPEEDS, SLO, 1.0)
+    assert more.ttft_attainment > 0.95
+    with pytest.raises(ValueError, match="clump"):
+        Load(rate_per_s=1.0, lengths=LENGTHS, prefix_hit=0.0, clump_sizes=(0,))
