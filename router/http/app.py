@@ -119,8 +119,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     _wire_metrics(metrics, registry, prefixes, stats, clock, process_gauge_publisher(
         metrics, registry=registry, load=load, stats=stats, queues=admission.queues,
         accounting=accounting, backend_up=lambda: sync.backend_up, engines=upstream.engines,
-        predictor=predictor,
-    ))  # fmt: skip
+        predictor=predictor))  # fmt: skip
     return RouterParts(
         settings=settings, clock=clock, aliases=routing.aliases(), registry=registry,
         upstream=upstream, load=load, stats=stats, prefixes=prefixes, metrics=metrics,

@@ -644,6 +644,16 @@ class RouterMetrics:
             "it out of rotation and no trial has succeeded since), else 0; processes: the max",
             ["worker"], "livemax",
         )  # fmt: skip
+        self.ttft_fit = _process_gauge(
+            r, "pdserve_ttft_predictor_fit",
+            "The TTFT predictor's measured speeds per worker (for the SLO planner), by "
+            "coefficient: prefill alone (prefill_intercept_seconds, prefill_seconds_per_token, "
+            "prefill_seconds_per_token_per_ktoken: the square term), drain_tokens_per_second "
+            "(through a queue), and prefill end to first token (handoff_intercept_seconds, "
+            "handoff_seconds_per_request in flight there, handoff_seconds_per_token pulled); "
+            "processes: the most recently set", ["model", "worker", "coefficient"],
+            "livemostrecent",
+        )  # fmt: skip
 
     def _declare_process_gauges(self, r: CollectorRegistry) -> None:
         """What each process holds alone; several processes' values add up (or max)."""
@@ -691,16 +701,6 @@ class RouterMetrics:
             "The router's connections to engines (engine_client): open ones (each holds one "
             "of upstream_pool_size), and of those the idle ones kept for reuse",
             ["state"], "livesum",
-        )  # fmt: skip
-        self.ttft_fit = gauge(
-            "pdserve_ttft_predictor_fit",
-            "The TTFT predictor's measured speeds per worker (for the SLO planner), by "
-            "coefficient: prefill alone (prefill_intercept_seconds, prefill_seconds_per_token, "
-            "prefill_seconds_per_token_per_ktoken: the square term), drain_tokens_per_second "
-            "(through a queue), and prefill end to first token (handoff_intercept_seconds, "
-            "handoff_seconds_per_request in flight there, handoff_seconds_per_token pulled); "
-            "processes: the most recently set", ["model", "worker", "coefficient"],
-            "livemostrecent",
         )  # fmt: skip
         self.state_up = gauge(
             "pdserve_state_backend_up",
