@@ -156,7 +156,10 @@ def plan(
             f"would meet the SLO for {now.attainment:.0%} of requests")  # fmt: skip
         return decide(best.fleet, best, f"{current} {why} at {rate}; {best.fleet} is the "
                       f"cheapest at {best.attainment:.0%}")  # fmt: skip
-    if short:
+    # One more decode worker at a time: the last change's workers serve after
+    # change_cost_s, and until then the engines' KV says nothing about them.
+    settling = last_change_s is not None and now_s - last_change_s < policy.change_cost_s
+    if short and not settling:
         more = replace(ask, min_decode=current.decode + 1).cheapest()
         if more.fleet.decode > current.decode and more.meets(ask.slo):
             return decide(more.fleet, more, f"decode is short of KV at {rate} "

@@ -203,3 +203,13 @@ def test_the_routers_measured_curves_stand_until_newer_ones_come() -> None:
     assert speeds.handoff_s_per_request == 0.001 and speeds.handoff_includes_first_step
     window.add(IntervalSample(end_s=90.0, **base, measured_prefill=(0.03, 1e-4, 0.0)))
     assert window.speeds().prefill_s_per_request == 0.03
+
+
+def test_kv_adds_wait_for_the_last_changes_workers_to_start() -> None:
+    current = cheapest_meeting(2.0)
+    kwargs = dict(trend_per_s2=0.0, speeds=SPEEDS, slo=SLO, policy=POLICY,
+                  pressure=Pressure(decode_preemptions=5))  # fmt: skip
+    just_changed = plan(current, load(2.0), now_s=1000.0, last_change_s=970.0, **kwargs)
+    assert not just_changed.changes  # 30 s ago, a start takes 60: its worker is not in yet
+    later = plan(current, load(2.0), now_s=1000.0, last_change_s=930.0, **kwargs)
+    assert later.fleet.decode == current.decode + 1
