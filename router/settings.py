@@ -771,6 +771,12 @@ class MetricsSettings(_Group):
         description="Most TTFT samples kept per model for the status view's p50/p99 (the "
         "newest win).",
     )  # fmt: skip
+    arrival_clump_window_s: float = Field(
+        0.001, ge=0, le=1,
+        description="Arrivals of a model within this of the previous one count as one clump "
+        "(`pdserve_arrival_clump_size`, per router process): a burst's requests wait for "
+        "each other, which the SLO planner plans for. 0: every arrival alone.",
+    )  # fmt: skip
     worker_cost_usd_per_hour: str = Field(
         '{"default": 0.10}',
         description="The cost model: JSON of worker kind -> $/hour. Kinds are what agents "

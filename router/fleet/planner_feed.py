@@ -4,7 +4,9 @@ The planner runs beside the routers, not in them: it scrapes every replica (each
 ``/metrics`` already sums its processes) and adds them up, so one planner sees the whole
 fleet however many routers and processes serve it. Between two scrapes it reads, for a
 model:
-- **arrivals**: ``pdserve_requests_total``, every outcome (a 429 arrived too);
+- **arrivals**: ``pdserve_arrivals_total``, every outcome (a 429 arrived too), batch
+  lines left out (their backlog is read instead), and the sizes of the clumps they came
+  in (``pdserve_arrival_clump_size``);
 - **lengths**: ``pdserve_request_prompt_tokens`` and ``pdserve_request_output_tokens``,
   turned into up to ``max_lengths`` (input, output) pairs at evenly spaced quantiles of
   each. The histograms do not keep which input went with which output: the pairs are
@@ -109,11 +111,16 @@ def _delta(before: Scrape, after: Scrape, name: str, model: str, pool: str | Non
 
 
 def _buckets(scrape: Scrape, name: str, model: str) -> dict[float, float]:
-    """Cumulative counts by upper bound (``le``), summed over the model's other labels."""
+    """Cumulative counts by upper bound (``le``), summed over the model's other labels
+    (but the batch class: batch lines have no SLO of their own)."""
     out: dict[float, float] = defaultdict(float)
     for (n, labels), value in scrape.series.items():
         tags = dict(labels)
-        if n == f"{name}_bucket" and tags.get("model") == model:
+        if (
+            n == f"{name}_bucket"
+            and tags.get("model") == model
+            and (tags.get("tenant_class") != "batch")
+        ):
             out[float(tags["le"])] += value
     return out
 
@@ -176,7 +183,8 @@ def interval_sample(before: Scrape, after: Scrape, *, model: str, slo: Slo,
     met = (1.0 if ttft is None else ttft) * (1.0 if itl is None else itl)
     queries = _delta(before, after, "pdserve_pool_prefix_cache_queries_total", model, "prefill")
     hits = _delta(before, after, "pdserve_pool_prefix_cache_hits_total", model, "prefill")
-    arrivals = _delta(before, after, "pdserve_requests_total", model)
+    arrivals = _delta(before, after, "pdserve_arrivals_total", model)
+    clumps = _delta_buckets(before, after, "pdserve_arrival_clump_size", model)
     return IntervalSample(
         end_s=after.at_s, duration_s=max(after.at_s - before.at_s, 1e-9),
         arrivals=max(0, round(arrivals)), lengths=lengths,
@@ -185,6 +193,7 @@ def interval_sample(before: Scrape, after: Scrape, *, model: str, slo: Slo,
         measured_prefill=measured_curve(after, model, _PREFILL_FIT),
         measured_handoff=measured_curve(after, model, _HANDOFF_FIT),
         pressure=pressure(before, after, model=model),
+        clump_sizes=tuple(quantiles(clumps, min(max_lengths, int(clumps[-1][1]) if clumps else 0))),
     )  # fmt: skip
 
 

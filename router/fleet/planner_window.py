@@ -3,7 +3,8 @@
 Each planning interval adds one ``IntervalSample``: the arrivals, the finished requests'
 lengths and cache hits, and each worker's engine time against its work. From these:
 - ``load()``: the rate over the window and the length *distribution* (the newest
-  ``max_lengths`` requests), with the prefix hit rate;
+  ``max_lengths`` requests), with the prefix hit rate and the sizes of the clumps the
+  arrivals came in (the newest ``max_lengths``);
 - ``trend_per_s2()``: the least-squares slope of the per-interval rates;
 - ``speeds()``: prefill seconds per request and per uncached token, and decode seconds
   per step and per sequence in the batch, fitted (exponentially decayed least squares,
@@ -61,6 +62,7 @@ class IntervalSample:
     measured_prefill: tuple[float, float, float] | None = None
     measured_handoff: tuple[float, float, float] | None = None
     pressure: Pressure = Pressure()
+    clump_sizes: tuple[int, ...] = ()  # of the arrivals that came at once (1: alone)
 
 
 class PlannerWindow:
@@ -77,6 +79,7 @@ class PlannerWindow:
         self._prior = prior
         self._intervals: collections.deque[IntervalSample] = collections.deque()
         self._lengths: collections.deque[tuple[int, int]] = collections.deque(maxlen=max_lengths)
+        self._clumps: collections.deque[int] = collections.deque(maxlen=max_lengths)
         self._decay = fit_decay
         self._min_fit = min_fit_samples
         self._prefill_fit = DecayedFit(1)
@@ -91,6 +94,7 @@ class PlannerWindow:
         while self._intervals and self._intervals[0].end_s <= sample.end_s - self._window_s:
             self._intervals.popleft()
         self._lengths.extend(sample.lengths)
+        self._clumps.extend(sample.clump_sizes)
         prefill, handoff = self._measured
         self._measured = (sample.measured_prefill or prefill, sample.measured_handoff or handoff)
         for requests, tokens, busy_s in sample.prefill_work:
@@ -112,6 +116,7 @@ class PlannerWindow:
             rate_per_s=arrivals / seconds if seconds else 0.0,
             lengths=tuple(self._lengths),
             prefix_hit=min(1.0, cached / inputs) if inputs else 0.0,
+            clump_sizes=tuple(self._clumps) if any(c > 1 for c in self._clumps) else (),
         )
 
     def trend_per_s2(self) -> float:

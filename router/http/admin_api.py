@@ -74,8 +74,9 @@ async def list_plans(request: Request) -> dict[str, Any]:
 
 
 async def publish_plan(request: Request, model: str) -> dict[str, Any]:
-    """The planner's latest plan for a model; a plan for another fleet than the last is
-    audited (the recommendation changed), a repeat is not."""
+    """The planner's latest plan for a model; a plan for another fleet than the last, or
+    in another mode, is audited (the recommendation changed, or is now applied), a
+    repeat is not."""
     parts = parts_of(request)
     plan = validated(FleetPlan, await json_body(request, _PLAN_BODY_BYTES))
     if model not in parts.registry.models():
@@ -86,7 +87,11 @@ async def publish_plan(request: Request, model: str) -> dict[str, Any]:
     except StateUnavailable as error:
         raise state_down(error) from None
     before = FleetPlan.model_validate(stored[1]) if stored else None
-    if before is None or (before.prefill, before.decode) != (plan.prefill, plan.decode):
+    if before is None or (before.prefill, before.decode, before.mode) != (
+        plan.prefill,
+        plan.decode,
+        plan.mode,
+    ):
         await audit_change(request, f"plan:{plan.mode}", f"{model} {plan.prefill}P+{plan.decode}D")
     return {"model": model, "plan": plan.model_dump(mode="json")}
 

@@ -94,6 +94,7 @@ async def serve_body(
         raise
     if yields:
         prepared = dataclasses.replace(prepared, yields=True)
+    parts.metrics.observe_arrival(prepared.requested_model, prepared.tenant_class, arrived_s)
     path = parts.rollout_path
     prepared = path.place(prepared, headers)
     shadow = None

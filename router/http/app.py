@@ -75,10 +75,7 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
     upstream = Upstream(**settings.upstream.pool_arguments())
     load = InFlightLoad()
     observe = settings.metrics
-    metrics = RouterMetrics(
-        window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
-        clock=clock, stage_samples=settings.rollout.rollout_samples_kept,
-    )  # fmt: skip
+    metrics = _metrics(settings, clock)
     stats = RoutingStats(
         hotspot_window_requests=routing.hotspot_window_requests, on_routed=metrics.count_routed
     )
@@ -128,6 +125,15 @@ def build_parts(settings: RouterSettings, clock: Callable[[], float]) -> RouterP
         accounting=accounting, admission=admission, rollout=rollout, rollout_path=path,
         review=path.review, on_registered=registered,
         batch=build_batch_tier(settings.batch, state),
+    )  # fmt: skip
+
+
+def _metrics(settings: RouterSettings, clock: Callable[[], float]) -> RouterMetrics:
+    observe = settings.metrics
+    return RouterMetrics(
+        window_s=observe.metrics_window_s, recent_ttft_samples=observe.recent_ttft_samples,
+        clock=clock, stage_samples=settings.rollout.rollout_samples_kept,
+        arrival_clump_window_s=observe.arrival_clump_window_s,
     )  # fmt: skip
 
 

@@ -47,6 +47,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 
 from contracts.batch import BatchStatus
+from router.observability.arrival_clumps import ArrivalClumps
 from router.observability.fleet_accounting import ENGINE_COUNTERS, PoolKey
 from router.observability.windows import RecentSamples, SlidingSums
 from router.orchestration.usage import Usage
@@ -64,6 +65,7 @@ _FAST_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5
 # Tokens per request, for the planner's length distribution (powers of two).
 _PROMPT_TOKEN_BUCKETS = tuple(float(2**k) for k in range(4, 18))
 _OUTPUT_TOKEN_BUCKETS = tuple(float(2**k) for k in range(0, 15))
+_CLUMP_BUCKETS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 128.0)
 _ITL_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
 )  # fmt: skip
@@ -103,6 +105,7 @@ class RouterMetrics:
         recent_ttft_samples: int,
         clock: Callable[[], float],
         stage_samples: int = 20_000,
+        arrival_clump_window_s: float = 0.001,
     ) -> None:
         self.prometheus = CollectorRegistry(auto_describe=True)
         r = self.prometheus
@@ -119,6 +122,7 @@ class RouterMetrics:
         self.recent_embedding_latency = RecentSamples(
             window_s=window_s, max_samples=recent_ttft_samples, clock=clock
         )
+        self._clumps = ArrivalClumps(window_s=arrival_clump_window_s)
         self._declare_latencies(r)
         self._declare_counters(r)
         self._declare_rollout(r)
@@ -210,14 +214,25 @@ class RouterMetrics:
 
         return observe
 
+    def observe_arrival(self, model: str, tenant_class: str, at_s: float) -> None:
+        """A request past validation; a batch line is not one the planner plans a SLO for
+        (it reads the batches' backlog instead)."""
+        if tenant_class == "batch":
+            return
+        self.arrivals.labels(model).inc()
+        closed = self._clumps.arrive(model, at_s)
+        if closed is not None:
+            self.arrival_clumps.labels(model).observe(closed)
+
     def observe_usage(
         self, model: str, tenant_class: str, usage: Usage, *, counts_prompt: bool = True
     ) -> None:
         """Count an answer's tokens; a later choice of a fan-out shares its prompt."""
         prompt = usage.prompt_tokens if counts_prompt else 0
         self.prompt_tokens.labels(model, tenant_class).inc(prompt)
-        self.request_prompt_tokens.labels(model).observe(usage.prompt_tokens)
-        self.request_output_tokens.labels(model).observe(usage.completion_tokens)
+        if tenant_class != "batch":  # the planner's lengths: what it plans a SLO for
+            self.request_prompt_tokens.labels(model).observe(usage.prompt_tokens)
+            self.request_output_tokens.labels(model).observe(usage.completion_tokens)
         self.generation_tokens.labels(model, tenant_class).inc(usage.completion_tokens)
         self.tokens_window.add((model, "input"), prompt)
         self.tokens_window.add((model, "output"), usage.completion_tokens)
@@ -260,6 +275,16 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.arrivals = Counter(
+            "pdserve_arrivals", "Requests of a model that arrived to be answered within its "
+            "SLOs (every class but batch; every outcome past validation): the planner's rate",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.arrival_clumps = Histogram(
+            "pdserve_arrival_clump_size", "Sizes of the clumps those arrivals came in (each "
+            "within arrival_clump_window_s of the previous, per router process)",
+            ["model"], buckets=_CLUMP_BUCKETS, registry=r,
+        )  # fmt: skip
         self.request_prompt_tokens = Histogram(
             "pdserve_request_prompt_tokens", "Prompt tokens per answered request (the planner's "
             "length distribution)", ["model"], buckets=_PROMPT_TOKEN_BUCKETS, registry=r,

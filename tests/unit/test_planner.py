@@ -213,3 +213,13 @@ def test_kv_adds_wait_for_the_last_changes_workers_to_start() -> None:
     assert not just_changed.changes  # 30 s ago, a start takes 60: its worker is not in yet
     later = plan(current, load(2.0), now_s=1000.0, last_change_s=930.0, **kwargs)
     assert later.fleet.decode == current.decode + 1
+
+
+def test_the_window_keeps_the_clumps_arrivals_came_in() -> None:
+    window = PlannerWindow(window_s=300, prior=SPEEDS, max_lengths=4)
+    base = dict(duration_s=30.0, arrivals=10, lengths=((1000, 10),), met_slo=1,
+                input_tokens=1000, cached_tokens=0)  # fmt: skip
+    window.add(IntervalSample(end_s=30.0, **base, clump_sizes=(1, 1, 1)))
+    assert window.load().clump_sizes == ()  # all alone: the model's plain queue
+    window.add(IntervalSample(end_s=60.0, **base, clump_sizes=(8, 1)))
+    assert window.load().clump_sizes == (1, 1, 8, 1)  # the newest max_lengths

@@ -39,10 +39,13 @@ def test_quantiles_spread_over_the_buckets() -> None:
 
 
 def metrics_text(requests: int, prompts: list[int], outputs: list[int], ttfts: list[float],
-                 hits: int, queries: int, *, replicas_share: float = 1.0) -> str:  # fmt: skip
+                 hits: int, queries: int, *, clumps: tuple[int, ...] = ()) -> str:  # fmt: skip
     r = CollectorRegistry()
-    Counter("pdserve_requests", "", ["model", "endpoint", "status", "route_stage"],
-            registry=r).labels(MODEL, "/v1/completions", "200", "prod").inc(requests)  # fmt: skip
+    Counter("pdserve_arrivals", "", ["model"], registry=r).labels(MODEL).inc(requests)
+    clump = Histogram("pdserve_arrival_clump_size", "", ["model"], registry=r,
+                      buckets=(1.0, 2.0, 4.0, 8.0))  # fmt: skip
+    for size in clumps:
+        clump.labels(MODEL).observe(size)
     prompt = Histogram("pdserve_request_prompt_tokens", "", ["model"], registry=r,
                        buckets=tuple(float(2**k) for k in range(4, 18)))  # fmt: skip
     output = Histogram("pdserve_request_output_tokens", "", ["model"], registry=r,
@@ -56,6 +59,7 @@ def metrics_text(requests: int, prompts: list[int], outputs: list[int], ttfts: l
         output.labels(MODEL).observe(value)
     for value in ttfts:
         ttft.labels(MODEL, "pd", "standard", "prod").observe(value)
+        ttft.labels(MODEL, "pd", "batch", "prod").observe(value * 100)  # no SLO: not counted
     pool = ["model", "pool"]
     Counter("pdserve_pool_prefix_cache_hits", "", pool, registry=r).labels(MODEL, "prefill").inc(
         hits
@@ -68,7 +72,8 @@ def metrics_text(requests: int, prompts: list[int], outputs: list[int], ttfts: l
 def test_an_interval_from_two_scrapes_of_two_replicas() -> None:
     empty = metrics_text(0, [], [], [], 0, 0)
     before = parse_metrics([empty, empty], at_s=100.0)
-    one = metrics_text(30, [1000] * 10, [100] * 10, [0.3] * 9 + [3.0], 250, 1000)
+    one = metrics_text(30, [1000] * 10, [100] * 10, [0.3] * 9 + [3.0], 250, 1000,
+                       clumps=(1,) * 20 + (4,) * 2)  # fmt: skip
     two = metrics_text(30, [3000] * 10, [10] * 10, [0.3] * 10, 250, 1000)
     after = parse_metrics([one, two], at_s=130.0)
     sample = interval_sample(before, after, model=MODEL, slo=Slo(ttft_s=1.0, itl_s=0.1))
@@ -80,6 +85,9 @@ def test_an_interval_from_two_scrapes_of_two_replicas() -> None:
         2048 <= i <= 4096 for i in inputs[10:]
     )
     assert sample.met_slo == 19  # one TTFT over the SLO; no ITL observed: not held against it
+    assert sorted(sample.clump_sizes)[:20] == [1] * 20
+    # Inside a bucket the sizes spread linearly, as the lengths do: (2, 4] gives 2 and 4.
+    assert len(sample.clump_sizes) == 22 and sorted(sample.clump_sizes)[20:] == [2, 4]
     assert (sample.input_tokens, sample.cached_tokens) == (2000, 500)
 
 
