@@ -27,6 +27,7 @@ from loadgen.traces import DEFAULT_TRACE, TRACE_BLOCK_TOKENS, TraceRequest, read
 from router.fleet.planner_model import (
     Fleet,
     Load,
+    Prices,
     Slo,
     Speeds,
     arrival_clumps,
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ttft=SECONDS,itl=SECONDS[,attainment=0.95]")  # fmt: skip
     parser.add_argument("--budget", type=float, default=math.inf, help="$/hour for the fleet")
     parser.add_argument("--usd-per-worker-hour", type=float, default=3.0)
+    parser.add_argument("--usd-per-decode-worker-hour", type=float, default=None,
+                        help="a decode worker's, where it differs")  # fmt: skip
     parser.add_argument("--profile", default="llama3-8b-h100", help="the sim's timing profile")
     parser.add_argument("--speed", type=float, default=1.0, help="divide the trace's times")
     parser.add_argument("--length-scale", type=float, default=1.0,
@@ -86,8 +89,12 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
     load = Load(rate_per_s=len(requests) / duration_s, prefix_hit=0.0,
                 lengths=tuple((r.input_tokens, r.output_tokens) for r in requests),
                 arrival_cv2=between_clumps_cv2, clump_sizes=clumps)  # fmt: skip
-    affordable = min(args.max_workers, int(args.budget // args.usd_per_worker_hour)
-                     if math.isfinite(args.budget) and args.usd_per_worker_hour > 0
+    decode_price = args.usd_per_decode_worker_hour
+    prices = Prices(args.usd_per_worker_hour,
+                    args.usd_per_worker_hour if decode_price is None else decode_price)  # fmt: skip
+    cheapest = min(prices.prefill, prices.decode)
+    affordable = min(args.max_workers, int(args.budget // cheapest)
+                     if math.isfinite(args.budget) and cheapest > 0
                      else args.max_workers)  # fmt: skip
     speeds = speeds_from_profile(asdict(profile))
     block_tokens = max(1, int(TRACE_BLOCK_TOKENS / args.length_scale))
@@ -97,7 +104,7 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
                         until_s=requests[-1].send_at_s + 1, block_tokens=block_tokens)  # fmt: skip
         outcome = slo_outcome(result, ttft_s=args.slo.ttft_s, itl_s=args.slo.itl_s)
         row = fleet_row(fleet, outcome.met, outcome.share(outcome.met), duration_s,
-                        fleet.workers * args.usd_per_worker_hour)  # fmt: skip
+                        prices.of(fleet))  # fmt: skip
         row["model_attainment"] = round(predict(fleet, load, speeds, args.slo, 0.0).attainment, 4)
         line = f"{fleet}: {row['attainment']:.1%} attained (model {row['model_attainment']:.1%}), "
         print(line + f"{row['goodput_per_s']} good req/s, ${row['usd_per_hour']:.2f}/h",

@@ -31,13 +31,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from router.fleet.planner_model import Fleet, Load, Prediction, Slo, Speeds, fleets, predict
+from router.fleet.planner_model import (
+    Fleet,
+    Load,
+    Prediction,
+    Prices,
+    Slo,
+    Speeds,
+    fleets,
+    predict,
+)  # fmt: skip
 from router.fleet.planner_window import IntervalSample, PlannerWindow, Pressure
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerPolicy:
     usd_per_worker_hour: float
+    usd_per_decode_worker_hour: float | None = None  # None: usd_per_worker_hour
     min_workers: int = 2
     max_workers: int = 16
     budget_usd_per_hour: float = math.inf
@@ -51,6 +61,12 @@ class PlannerPolicy:
     max_correction: float = 0.04
     kv_usage_high: float = 0.9  # decode KV usage (0-1) that counts as short, as a preemption
     batch_pace_margin: float = 1.25  # plan batch lines this much faster than their deadlines
+
+    @property
+    def prices(self) -> Prices:
+        decode = self.usd_per_decode_worker_hour
+        return Prices(self.usd_per_worker_hour, self.usd_per_worker_hour if decode is None
+                      else decode)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,9 +83,10 @@ class Decision:
         return self.fleet != self.current
 
 
-def moved_workers(current: Fleet, target: Fleet) -> int:
-    """Workers that start or change role to go from ``current`` to ``target``."""
-    return max(0, target.prefill - current.prefill) + max(0, target.decode - current.decode)
+def moved_workers(current: Fleet, target: Fleet) -> Fleet:
+    """Workers that start or change role to go from ``current`` to ``target``, by role."""
+    return Fleet(prefill=max(0, target.prefill - current.prefill),
+                 decode=max(0, target.decode - current.decode))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,16 +101,12 @@ class _Question:
     min_decode: int = 0  # fewer decode workers are not candidates (KV short)
 
     def predict(self, fleet: Fleet) -> Prediction:
-        return predict(fleet, self.load, self.speeds, self.slo, self.policy.usd_per_worker_hour,
-                       self.batch)  # fmt: skip
+        return predict(fleet, self.load, self.speeds, self.slo, self.policy.prices, self.batch)
 
     def candidates(self) -> list[Prediction]:
         policy = self.policy
-        budget_workers = policy.max_workers
-        if policy.usd_per_worker_hour > 0 and math.isfinite(policy.budget_usd_per_hour):
-            affordable = int(policy.budget_usd_per_hour // policy.usd_per_worker_hour)
-            budget_workers = min(budget_workers, affordable)
-        every = fleets(policy.min_workers, budget_workers)
+        every = [f for f in fleets(policy.min_workers, policy.max_workers)
+                 if policy.prices.of(f) <= policy.budget_usd_per_hour]  # fmt: skip
         if not every:
             raise ValueError("the budget buys fewer than min_workers workers")
         # A floor no fleet in the bounds reaches is dropped: the bounds come first.
@@ -198,12 +211,7 @@ def _cheaper_if_worth_it(
             ),
         )
     saved = (now.usd_per_hour - safe.usd_per_hour) * policy.payback_s / 3600
-    cost = (
-        moved_workers(current, safe.fleet)
-        * policy.usd_per_worker_hour
-        * policy.change_cost_s
-        / 3600
-    )
+    cost = policy.prices.of(moved_workers(current, safe.fleet)) * policy.change_cost_s / 3600
     if saved <= cost:
         return current, now, (f"{safe.fleet} would save ${saved:.2f} over {policy.payback_s:.0f}s, "
                               f"less than the change costs (${cost:.2f})")  # fmt: skip

@@ -15,8 +15,8 @@ model:
   ``pdserve_time_per_output_token_seconds`` under each SLO (linear inside the bucket
   that holds it: set SLOs at bucket bounds for exact figures);
 - **prefix hits**: the prefill pool's ``pdserve_pool_prefix_cache_hits`` over queries;
-- **$/hour per worker** (``worker_usd_per_hour``): the router's cost model as it
-  charged the model's P/D pools, ``pdserve_cost_usd`` over ``pdserve_worker_seconds``;
+- **$/hour per worker of each pool** (``worker_usd_per_hour``): the router's cost model
+  as it charged the pool, ``pdserve_cost_usd`` over ``pdserve_worker_seconds``;
 - **measured speeds**: the routers' TTFT predictor's prefill and handoff curves
   (``pdserve_ttft_predictor_fit``), each coefficient's median over the workers;
 - **pressure** at the interval's end: requests waiting (the routers' prefill queues and
@@ -225,11 +225,10 @@ def batch_due(scrape: Scrape, *, model: str) -> Load | None:
     return Load(rate_per_s=due, lengths=(mean,), prefix_hit=0.0)
 
 
-def worker_usd_per_hour(before: Scrape, after: Scrape, *, model: str) -> float | None:
-    """What a P/D worker of the model cost an hour over the interval, at the router's cost
-    model (its ``worker_cost_usd_per_hour`` by worker kind); None before any worker time."""
-    usd = seconds = 0.0
-    for pool in ("prefill", "decode"):
-        usd += _delta(before, after, "pdserve_cost_usd_total", model, pool)
-        seconds += _delta(before, after, "pdserve_worker_seconds_total", model, pool)
+def worker_usd_per_hour(before: Scrape, after: Scrape, *, model: str, pool: str) -> float | None:
+    """What a worker of the model's pool (prefill or decode) cost an hour over the interval,
+    at the router's cost model (its ``worker_cost_usd_per_hour`` by worker kind: the pools
+    may run on different kinds); None before any worker time there."""
+    usd = _delta(before, after, "pdserve_cost_usd_total", model, pool)
+    seconds = _delta(before, after, "pdserve_worker_seconds_total", model, pool)
     return usd / seconds * 3600 if seconds > 0 else None

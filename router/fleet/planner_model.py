@@ -19,8 +19,8 @@ A model an SRE can check by hand, on the speeds the fleet itself was measured at
 - **TTFT** of request ``i`` is its wait, its prefill, the KV handoff and one decode
   step. Attainment is the fraction of the window's requests predicted under the TTFT
   SLO, times the fraction of decode steps under the ITL SLO.
-- **Cost** is workers x $/hour; $/1M tokens divides it by the tokens (in and out) the
-  load brings per hour.
+- **Cost** is workers x $/hour, by role (prefill and decode may run on different kinds);
+  $/1M tokens divides it by the tokens (in and out) the load brings per hour.
 
 Invariants: pure (no clock, no I/O); more workers of a role never predict worse
 attainment; a load past a pool's capacity predicts 0 attainment, never a negative wait.
@@ -206,6 +206,17 @@ class Fleet:
         return f"{self.prefill}P+{self.decode}D"
 
 
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """$/hour of a worker by role: the pools may run on different kinds."""
+
+    prefill: float
+    decode: float
+
+    def of(self, fleet: Fleet) -> float:
+        return fleet.prefill * self.prefill + fleet.decode * self.decode
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
     fleet: Fleet
@@ -337,10 +348,11 @@ def _decode(fleet: Fleet, loads: Sequence[Load], speeds: Speeds, slo: Slo) -> _D
 
 
 def predict(
-    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, usd_per_worker_hour: float,
+    fleet: Fleet, load: Load, speeds: Speeds, slo: Slo, price: float | Prices,
     batch: Load | None = None,
 ) -> Prediction:  # fmt: skip
-    """``load``: interactive traffic, judged against the SLO; ``batch``: batch lines at
+    """``price``: $/hour of a worker, or ``Prices`` by role. ``load``: interactive
+    traffic, judged against the SLO; ``batch``: batch lines at
     the pace their deadlines need, served at the lowest priority (no SLO of their own,
     but the fleet must keep that pace: ``Prediction.batch_keeps_pace``)."""
     if fleet.prefill < 1 or fleet.decode < 1:
@@ -353,7 +365,7 @@ def predict(
     else:
         after_s += speeds.decode_step_s if overflow else decode.p99_itl_s
     utilization, ttft_attainment = _prefill(fleet, load, speeds, slo, after_s, batch)
-    usd = fleet.workers * usd_per_worker_hour
+    usd = (price if isinstance(price, Prices) else Prices(price, price)).of(fleet)
     tokens_per_hour = sum(x.rate_per_s * 3600 * x.tokens_per_request
                           for x in (load, batch) if x is not None)  # fmt: skip
     return Prediction(

@@ -70,7 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument(
         "--usd-per-worker-hour", type=float, default=None,
-        help="default: the router's cost model (worker_cost_usd_per_hour), as it charged the pools",
+        help="default: the router's cost model (worker_cost_usd_per_hour), as it charged each "
+        "pool",
+    )  # fmt: skip
+    parser.add_argument(
+        "--usd-per-decode-worker-hour", type=float, default=None,
+        help="a decode worker's, where it differs (default: --usd-per-worker-hour, or the cost "
+        "model's for the decode pool)",
     )  # fmt: skip
     parser.add_argument("--min-workers", type=int, default=2)
     parser.add_argument("--max-workers", type=int, default=16)
@@ -155,12 +161,28 @@ def _policy(args: argparse.Namespace, total: int) -> PlannerPolicy:
     return PlannerPolicy(
         # Until a price is known, a worker-hour is the unit: the fewest workers win.
         usd_per_worker_hour=args.usd_per_worker_hour or 1.0,
+        usd_per_decode_worker_hour=args.usd_per_decode_worker_hour,
         min_workers=total if local else args.min_workers,
         max_workers=total if local else args.max_workers,
         budget_usd_per_hour=args.budget, lead_s=args.change_cost_s + args.interval_s,
         scale_down_margin=args.scale_down_margin,
         min_change_interval_s=args.min_change_interval_s, change_cost_s=args.change_cost_s,
         kv_usage_high=args.kv_usage_high, batch_pace_margin=args.batch_pace_margin,
+    )  # fmt: skip
+
+
+def _priced(
+    args: argparse.Namespace, policy: PlannerPolicy, before: Scrape, after: Scrape
+) -> PlannerPolicy:
+    """The policy at each pool's price: given, else as the router's cost model charged it
+    over the interval (kept from the last interval while a pool had no worker time)."""
+    prefill = args.usd_per_worker_hour or worker_usd_per_hour(
+        before, after, model=args.model, pool="prefill")  # fmt: skip
+    decode = args.usd_per_decode_worker_hour or args.usd_per_worker_hour or worker_usd_per_hour(
+        before, after, model=args.model, pool="decode")  # fmt: skip
+    return replace(
+        policy, usd_per_worker_hour=prefill or policy.usd_per_worker_hour,
+        usd_per_decode_worker_hour=decode or policy.usd_per_decode_worker_hour,
     )  # fmt: skip
 
 
@@ -193,9 +215,7 @@ async def plan_once(
     previous[:] = [current]
     sample = interval_sample(before, after, model=args.model, slo=args.slo)
     planner = planner_of(current.workers)
-    price = args.usd_per_worker_hour or worker_usd_per_hour(before, after, model=args.model)
-    if price and price != planner.policy.usd_per_worker_hour:
-        planner.policy = replace(planner.policy, usd_per_worker_hour=price)
+    planner.policy = _priced(args, planner.policy, before, after)
     decision = planner.step(sample, current, settled=settled)
     if decision is None:
         return after

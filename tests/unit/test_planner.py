@@ -4,6 +4,7 @@ cost of change and a measured correction (router/fleet/planner.py, planner_windo
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -71,11 +72,28 @@ def test_scale_down_waits_out_the_minimum_interval() -> None:
 
 @pytest.mark.parametrize(
     ("current", "target", "moved"),
-    [((2, 2), (3, 2), 1), ((4, 2), (2, 4), 2), ((4, 4), (2, 2), 0), ((1, 3), (3, 1), 2)],
-)
+    [((2, 2), (3, 2), (1, 0)), ((4, 2), (2, 4), (0, 2)), ((4, 4), (2, 2), (0, 0)),
+     ((1, 3), (3, 1), (2, 0))],
+)  # fmt: skip
 def test_moved_workers_counts_starts_and_role_changes(current, target, moved) -> None:
     as_fleet = lambda pair: Fleet(prefill=pair[0], decode=pair[1])  # noqa: E731
-    assert moved_workers(as_fleet(current), as_fleet(target)) == moved
+    assert moved_workers(as_fleet(current), as_fleet(target)) == as_fleet(moved)
+
+
+def test_pools_priced_apart_shift_the_split_to_the_cheaper_role() -> None:
+    flat = PlannerPolicy(usd_per_worker_hour=3.0, max_workers=12)
+    cheap_decode = replace(flat, usd_per_decode_worker_hour=0.5)
+    kwargs = dict(trend_per_s2=0.0, speeds=SPEEDS, slo=SLO, now_s=1000.0, last_change_s=None)
+    both = plan(Fleet(prefill=1, decode=1), load(6.0), policy=flat, **kwargs)
+    split = plan(Fleet(prefill=1, decode=1), load(6.0), policy=cheap_decode, **kwargs)
+    assert both.prediction.meets(SLO) and split.prediction.meets(SLO)
+    assert split.prediction.usd_per_hour == 3.0 * split.fleet.prefill + 0.5 * split.fleet.decode
+    assert split.fleet.decode >= both.fleet.decode  # decode workers cost less: no fewer
+    # A budget counts each role at its own price.
+    tight = replace(cheap_decode, budget_usd_per_hour=3.0 * both.fleet.prefill + 0.5 * 6)
+    assert plan(Fleet(prefill=1, decode=1), load(6.0), policy=tight, **kwargs).fleet.prefill <= (
+        both.fleet.prefill
+    )
 
 
 def test_a_fixed_total_is_re_split_when_the_split_misses() -> None:

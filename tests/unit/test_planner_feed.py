@@ -98,20 +98,22 @@ def test_an_interval_without_answers_has_no_lengths() -> None:
     assert sample.arrivals == 0 and sample.lengths == () and sample.met_slo == 0
 
 
-def test_the_price_of_a_worker_hour_is_the_routers_cost_model() -> None:
-    def text(seconds: float, usd: float) -> str:
+def test_the_price_of_a_worker_hour_is_the_routers_cost_model_by_pool() -> None:
+    def text(seconds: float, usd: dict[str, float]) -> str:
         r = CollectorRegistry()
         time = Counter("pdserve_worker_seconds", "", ["model", "pool", "kind"], registry=r)
         cost = Counter("pdserve_cost_usd", "", ["model", "pool"], registry=r)
-        for pool in ("prefill", "decode"):
-            time.labels(MODEL, pool, "nvidia-h100").inc(seconds)
-            cost.labels(MODEL, pool).inc(usd)
+        for pool, kind in (("prefill", "nvidia-h100"), ("decode", "nvidia-l40s")):
+            time.labels(MODEL, pool, kind).inc(seconds)
+            cost.labels(MODEL, pool).inc(usd[pool])
         return generate_latest(r).decode()
 
-    before = parse_metrics([text(0, 0)], 0.0)
-    after = parse_metrics([text(60, 0.05)], 30.0)  # two workers: 120 s for $0.10
-    assert worker_usd_per_hour(before, after, model=MODEL) == pytest.approx(3.0)
-    assert worker_usd_per_hour(before, before, model=MODEL) is None
+    before = parse_metrics([text(0, {"prefill": 0, "decode": 0})], 0.0)
+    # A worker-minute each: $0.05 on the H100s, $0.02 on the L40S.
+    after = parse_metrics([text(60, {"prefill": 0.05, "decode": 0.02})], 30.0)
+    assert worker_usd_per_hour(before, after, model=MODEL, pool="prefill") == pytest.approx(3.0)
+    assert worker_usd_per_hour(before, after, model=MODEL, pool="decode") == pytest.approx(1.2)
+    assert worker_usd_per_hour(before, before, model=MODEL, pool="decode") is None
 
 
 def pressure_text(*, router_waiting: float, fits: dict[str, tuple], batch: bool) -> str:
