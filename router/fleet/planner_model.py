@@ -3,13 +3,19 @@
 A model an SRE can check by hand, on the speeds the fleet itself was measured at:
 
 - **Prefill** is a queue with ``P`` servers (M/G/P). Request ``i``'s service time is
-  ``S_i = prefill_s_per_request + prefill_s_per_token x uncached_i``, where
-  ``uncached_i = input_i x (1 - prefix_hit)``, for every (input, output) pair in the
+  ``S_i = prefill_s_per_request + n x (prefill_s_per_token + per_token_per_ktoken x n /
+  1000)``, ``n = uncached_i = input_i x (1 - prefix_hit)`` (the square is attention: a
+  measured curve has it, a sim profile not), for every (input, output) pair in the
   recent window: the distribution, not its average, so a few long prompts count as long.
   The wait is Erlang C with the Allen-Cunneen correction for the spread of the service
   times and of the gaps between arrivals:
   ``P(wait > t) = C(P, a) x exp(-t (P - a) / E[S] x 2 / (ca^2 + cs^2))``, ``a = rate x E[S]``
-  (``ca^2`` is 1 for Poisson arrivals).
+  (``ca^2`` is 1 for Poisson arrivals; between clumps, where requests come in clumps).
+  A clump's requests also wait for each other: a round of mean service for every ``P``
+  of its own ahead of them (``Load.rounds_behind``).
+- **Batch lines** (``batch``) are the lowest class: they take prefill capacity and delay
+  a request only by the residual of a batch prefill under way; they share the decode
+  batches. A fleet must keep their pace (``Prediction.batch_keeps_pace``).
 - **Decode** runs one batch per worker; a step costs
   ``decode_step_s + B x (decode_s_per_seq + decode_s_per_ktoken x context / 1000)``
   with ``B`` the sequences on the worker. Little's law closes the loop: ``B = rate x
@@ -17,8 +23,9 @@ A model an SRE can check by hand, on the speeds the fleet itself was measured at
   Batch sizes vary (Poisson), so ITL is judged at the batch's 99th percentile, and the
   KV a batch holds must fit (``kv_capacity_tokens``) or the engine would preempt.
 - **TTFT** of request ``i`` is its wait, its prefill, the KV handoff and one decode
-  step. Attainment is the fraction of the window's requests predicted under the TTFT
-  SLO, times the fraction of decode steps under the ITL SLO.
+  step (a measured handoff holds that step, and grows with the decode batch).
+  Attainment is the fraction of the window's requests predicted under the TTFT SLO,
+  times the fraction of decode steps under the ITL SLO.
 - **Cost** is workers x $/hour, by role (prefill and decode may run on different kinds);
   $/1M tokens divides it by the tokens (in and out) the load brings per hour.
 
