@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from localrun.cluster import LocalCluster
+from router.fleet.planner_feed import batch_due, parse_metrics
 from tests.clusters import MODEL, small_sim_cluster
 from tests.conditions import wait_for
 
@@ -238,6 +239,11 @@ def test_an_sre_lists_every_tenants_batches_and_cancels_one(cluster):
     assert 0 < float(pending.rsplit(" ", 1)[1]) <= 60
     (due,) = metric_lines(cluster, f'pdserve_batch_due_lines_per_second{{model="{MODEL}"}}')
     assert 0 < float(due.rsplit(" ", 1)[1]) <= 60 / (23 * 3600)
+    # As the planner reads them: a load at that pace, each line its max_tokens long.
+    scrape = parse_metrics([httpx.get(cluster.router_url + "/metrics", timeout=10).text], 0.0)
+    load = batch_due(scrape, model=MODEL)
+    assert load is not None and 0 < load.rate_per_s <= 60 / (23 * 3600)
+    assert load.lengths[0][1] == 48
     listed = subprocess.run(
         [
             sys.executable,
