@@ -1,5 +1,5 @@
-"""Writes ``deploy/k8s/base/`` and ``deploy/k8s/monitoring/``: pdserve's Kubernetes
-manifests, declared here once.
+"""Writes ``deploy/k8s/base/``, ``deploy/k8s/monitoring/`` and ``deploy/k8s/planner/``:
+pdserve's Kubernetes manifests, declared here once.
 
 The three worker pools (prefill, decode, embed) are one pod shape with a role: written
 out by hand they would be three copies that drift. Everything else is here too so that
@@ -10,6 +10,8 @@ after a change; a test checks the files are current, render and validate.
 The monitoring folder is separate: its kinds (PodMonitor, ServiceMonitor,
 PrometheusRule) exist only where the Prometheus Operator is installed. Its rule and
 dashboard come from ``deploy/prometheus/alerts.yml`` and ``deploy/grafana``: one source.
+The planner folder is separate too: an overlay adds the SLO planner if it wants one
+(the gpu overlay does, in recommend mode).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import yaml
 
 HERE = Path(__file__).parent
 DEPLOY = HERE.parent
-BASE, MONITORING = HERE / "base", HERE / "monitoring"
+BASE, MONITORING, PLANNER = HERE / "base", HERE / "monitoring", HERE / "planner"
 
 IMAGE = "pdserve:0.1.0"  # pinned; the overlays name their registry and build (kustomize images)
 REDIS_IMAGE = "redis:7.4.1-alpine"
 USER = 10001  # the image's pdserve user
 ROUTER_PORT, ENGINE_PORT, SIDE_CHANNEL_PORT, KV_EVENTS_PORT = 8000, 8200, 5600, 5557
+PLANNER_METRICS_PORT = 9400
 # UCX over TCP (no RDMA) listens in this range, so that a NetworkPolicy can name it.
 UCX_TCP_PORTS = (5700, 5799)
 # A stream may run this long after SIGTERM (the agent drains for it), and the engine
@@ -518,6 +521,13 @@ def monitoring() -> list[Doc]:
                  "podMetricsEndpoints": [{"port": "engine", "path": "/metrics",
                                           "interval": "15s"}]},
     }  # fmt: skip
+    plans = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": meta("pdserve-planner", "planner"),
+        "spec": {"selector": {"matchLabels": labels("planner")},
+                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
+                                          "interval": "30s"}]},
+    }  # fmt: skip
     rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     rule = {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
@@ -530,7 +540,77 @@ def monitoring() -> list[Doc]:
                      "labels": {**labels("monitoring"), "grafana_dashboard": "1"}},
         "data": {"pdserve-dashboard.json": dashboard},
     }  # fmt: skip
-    return [router, engines, rule, board]
+    return [router, engines, plans, rule, board]
+
+
+def planner() -> list[Doc]:
+    """The SLO planner (docs/planner.md): one replica (two would take turns superseding
+    each other's plans), in recommend mode: it publishes a plan and its reason and
+    changes nothing. Patch ``--mode apply`` in (its token then needs the operator
+    scope) to let it size the pools through the routers' ratio API, which scales the
+    Deployments. The profile is the prior its model plans on until the routers have
+    measured the engines: calibrate your own (``pdserve sim calibrate``)."""
+    profile = (DEPLOY.parent / "sim" / "profiles" / "llama3-8b-h100.json").read_text()
+    config = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("pdserve-planner", "planner"),
+        "data": {"profile.json": profile},
+    }  # fmt: skip
+    health = {"httpGet": {"path": "/metrics", "port": "metrics"}}
+    container = {
+        "name": "planner",
+        "image": IMAGE,
+        "command": [
+            "pdserve", "planner", "--router", ROUTER_URL, "--model", "$(PDSERVE_MODEL)",
+            "--mode", "recommend", "--slo", "ttft=2,itl=0.05,attainment=0.95",
+            "--profile", "/etc/pdserve-planner/profile.json", "--scaler", "kubernetes",
+            "--min-workers", "2", "--max-workers", "16", "--interval-s", "30",
+            "--metrics-host", "$(POD_IP)", "--metrics-port", str(PLANNER_METRICS_PORT),
+        ],
+        "env": [
+            field_env("POD_IP", "status.podIP"), *config_env("PDSERVE_MODEL"),
+            secret_env("PDSERVE_PLANNER_TOKEN", "pdserve-secrets", "planner-token"),
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": PLANNER_METRICS_PORT}],
+        "startupProbe": {**health, "periodSeconds": 2, "failureThreshold": 30},
+        "readinessProbe": {**health, "periodSeconds": 10},
+        "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 4},
+        "resources": resources("100m", "256Mi", "512Mi"),
+        "securityContext": locked_down(),
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/pdserve-planner", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }  # fmt: skip
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta("pdserve-planner", "planner"),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels("planner")},
+            "template": {
+                "metadata": {"labels": labels("planner")},
+                "spec": {
+                    # It speaks HTTP to the routers only: no Kubernetes API token.
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(),
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": "pdserve-planner"}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }  # fmt: skip
+    metrics = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": meta("pdserve-planner", "network"),
+        "spec": {"podSelector": {"matchLabels": labels("planner")}, "policyTypes": ["Ingress"],
+                 "ingress": [{"ports": [{"protocol": "TCP", "port": PLANNER_METRICS_PORT}]}]},
+    }  # fmt: skip
+    return [config, deployment, metrics]
 
 
 def files() -> dict[Path, str]:
@@ -549,6 +629,8 @@ def files() -> dict[Path, str]:
     out[BASE / "kustomization.yaml"] = kustomization(list(base))
     out[MONITORING / "monitoring.yaml"] = dump(monitoring())
     out[MONITORING / "kustomization.yaml"] = kustomization(["monitoring.yaml"])
+    out[PLANNER / "planner.yaml"] = dump(planner())
+    out[PLANNER / "kustomization.yaml"] = kustomization(["planner.yaml"])
     return out
 
 

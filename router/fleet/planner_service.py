@@ -259,7 +259,7 @@ async def run(args: argparse.Namespace) -> None:
     timeout = aiohttp.ClientTimeout(total=max(5.0, args.interval_s / 2))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         client = RouterClient(session, args.routers, _token(args))
-        before = await client.scrape()
+        before = await _first_scrape(client, args.interval_s)
         previous: list[Fleet] = []
         while True:
             await asyncio.sleep(args.interval_s)
@@ -267,6 +267,16 @@ async def run(args: argparse.Namespace) -> None:
                 before = await plan_once(args, client, planner_of, before, previous, gauges)
             except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError) as error:
                 log.warning("planning skipped this interval: %s", error)
+
+
+async def _first_scrape(client: RouterClient, interval_s: float) -> Scrape:
+    """The routers may start after the planner (a pod beside theirs): wait for them."""
+    while True:
+        try:
+            return await client.scrape()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            log.warning("no router answers /metrics yet (%s); trying again", error)
+            await asyncio.sleep(interval_s)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -211,6 +211,37 @@ def test_the_parts_name_each_other_rightly():
     assert len(docs) == len({(d["kind"], d["metadata"]["name"]) for d in docs})
 
 
+def test_the_planner_reaches_the_routers_service_and_only_publishes_by_default():
+    deployment = named("gpu", "Deployment", "pdserve-planner")
+    pod = deployment["spec"]["template"]
+    (planner,) = pod["spec"]["containers"]
+    command = planner["command"]
+    service = named("gpu", "Service", "pdserve-router")
+    port = service["spec"]["ports"][0]["port"]
+    assert command[command.index("--router") + 1] == f"http://{service['metadata']['name']}:{port}"
+    assert command[command.index("--mode") + 1] == "recommend"  # changes nothing until patched
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {
+        "type": "Recreate"
+    }  # one planner per model: two would supersede each other's plans
+    assert pod["spec"]["automountServiceAccountToken"] is False  # HTTP to the routers only
+    env = {e["name"]: e.get("valueFrom", {}) for e in planner["env"]}
+    assert env["PDSERVE_PLANNER_TOKEN"]["secretKeyRef"] == {"name": "pdserve-secrets",
+                                                           "key": "planner-token"}  # fmt: skip
+    profile = command[command.index("--profile") + 1]
+    (mount,) = [m for m in planner["volumeMounts"] if profile.startswith(m["mountPath"])]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    config = named("gpu", "ConfigMap", "pdserve-planner")
+    assert volumes[mount["name"]]["configMap"]["name"] == config["metadata"]["name"]
+    assert profile.rsplit("/", 1)[1] in config["data"]
+    assert json.loads(config["data"]["profile.json"])["kv_capacity_tokens"] > 0
+    metrics_port = int(command[command.index("--metrics-port") + 1])
+    assert {p["containerPort"] for p in planner["ports"]} == {metrics_port}
+    scrape = named("gpu", "PodMonitor", "pdserve-planner")["spec"]
+    assert scrape["podMetricsEndpoints"][0]["port"] in {p["name"] for p in planner["ports"]}
+    policy = named("gpu", "NetworkPolicy", "pdserve-planner")["spec"]
+    assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": metrics_port}]}]
+
+
 def test_the_alert_rules_and_dashboard_are_the_ones_promtool_and_grafana_check():
     alerts = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
     assert named("gpu", "PrometheusRule", "pdserve")["spec"]["groups"] == alerts["groups"]
@@ -244,7 +275,8 @@ def test_every_pdserve_command_line_parses(overlay):
             except (argparse.ArgumentError, SystemExit) as error:
                 pytest.fail(f"{workload['metadata']['name']}/{container['name']}: {error}")
             seen.add(command[1] if command[1] != "model" else f"model {command[2]}")
-    assert seen == {"router", "prefill", "decode", "embed", "agent-token", "model pull"}
+    planner = {"planner"} if overlay == "gpu" else set()  # only the gpu overlay adds it
+    assert seen == {"router", "prefill", "decode", "embed", "agent-token", "model pull", *planner}
 
 
 def test_the_image_builds_on_the_pinned_vllm_runs_the_ci_install_and_the_pods_user():
