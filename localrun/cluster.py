@@ -174,10 +174,11 @@ class LocalCluster:
         self.router_url = self.router_host.url(plan.port)
         # The people's admin token (the router's and this launcher's), the secret agents'
         # tokens are minted from (the router's only), and the sims' fault endpoint's token:
-        # no agent process holds the admin token or the secret.
-        self.admin_token = secrets.token_urlsafe(24)
-        self.agent_secret = secrets.token_urlsafe(24)
-        self.engine_token = secrets.token_urlsafe(24)
+        # no agent process holds the admin token or the secret. Hex, not urlsafe base64: a
+        # token starting with "-" reads as a flag in `pdserve admin --token TOKEN`.
+        self.admin_token = secrets.token_hex(24)
+        self.agent_secret = secrets.token_hex(24)
+        self.engine_token = secrets.token_hex(24)
         self.workers = plan_workers(plan, os.cpu_count() or 1)
         self.router: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
