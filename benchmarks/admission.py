@@ -37,7 +37,7 @@ from pathlib import Path
 
 from benchmarks.routing_policies import scaled_profile
 from contracts.machine import machine_record
-from contracts.tokenization import load_tokenizer
+from contracts.tokenization import ModelTokenizer, load_tokenizer
 from loadgen import datasets
 from loadgen.client import RequestResult
 from loadgen.metrics import error_kind, percentiles
@@ -59,6 +59,26 @@ OFF = {
 # Tenant keys turn client auth on: the single-tenant scenarios send as "load".
 TENANTS = {t: {"keys": [f"key-{t}"]} for t in ("load", "polite", "noisy")}
 LOAD_KEY = {"Authorization": "Bearer key-load"}
+
+
+WORKLOADS = ("shared-prefix", "mooncake")
+
+
+def workload(name: str, tokenizer: ModelTokenizer, seed: int, output_len: int = 16) -> list[dict]:
+    """The request bodies (without ``model``) of a named interactive workload:
+    ``shared-prefix``, 8 groups of 64 prompts, 1,024-token system prompts and 128-token
+    questions; ``mooncake``, the production trace's first 500 requests (lengths and
+    prefix ids), lengths / 4 (prompts over 16,384 tokens after that left out, counted on
+    stderr), outputs / 32. ``output_len``: shared-prefix's output tokens."""
+    if name == "shared-prefix":
+        return [r.payload for r in datasets.shared_prefix_prompts(
+            datasets.WordSource(tokenizer), groups=8, prompts_per_group=64, system_len=1024,
+            question_len=128, output_len=output_len, seed=seed)]  # fmt: skip
+    if name == "mooncake":
+        return [r.payload for r in datasets.mooncake_prompts(
+            tokenizer, DEFAULT_TRACE, limit=500, speed=1.0, length_scale=4.0,
+            output_scale=32.0, max_input_tokens=16384)]  # fmt: skip
+    raise ValueError(f"unknown workload {name!r}: one of {WORKLOADS}")
 
 
 def sim_cluster(name: str, profile: Path, work: Path, router_env: dict[str, str],
@@ -458,15 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tokenizer = load_tokenizer(str(tiny_llama.ensure()))
-    words = datasets.WordSource(tokenizer)
-    workloads = {
-        "shared-prefix": [r.payload for r in datasets.shared_prefix_prompts(
-            words, groups=8, prompts_per_group=64, system_len=1024, question_len=128,
-            output_len=16, seed=args.seed)],
-        "mooncake": [r.payload for r in datasets.mooncake_prompts(
-            tokenizer, DEFAULT_TRACE, limit=500, speed=1.0, length_scale=4.0,
-            output_scale=32.0, max_input_tokens=16384)],
-    }  # fmt: skip
+    workloads = {name: workload(name, tokenizer, args.seed) for name in WORKLOADS}
     report: dict = {
         "machine": machine_record(),
         "command": "python -m benchmarks.admission " + " ".join(argv or sys.argv[1:]),
@@ -482,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             report["overload"] = {name: overload(name, workloads[name], profile, work, args)
                                   for name in args.datasets}  # fmt: skip
         if "storm" in args.scenarios:
-            report["storm"] = storm(words, work, args)
+            report["storm"] = storm(datasets.WordSource(tokenizer), work, args)
         if "tenants" in args.scenarios:
             report["tenants"] = tenants(workloads["shared-prefix"], profile, work, args)
     args.out.mkdir(parents=True, exist_ok=True)
