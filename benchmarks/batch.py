@@ -154,8 +154,10 @@ async def run_tier(local: LocalCluster, lines: list[dict], window: str, until_s:
             if got["status"] in ("completed", "failed", "expired", "cancelled"):
                 break
             await asyncio.sleep(1.0)
-        if trace[-1][2] not in ("completed", "failed", "expired", "cancelled"):
-            await _json(http.post(f"/v1/batches/{batch['id']}/cancel"))
+        if trace[-1][2] in ("validating", "in_progress"):  # 409: it ended meanwhile
+            async with http.post(f"/v1/batches/{batch['id']}/cancel") as answer:
+                if answer.status != 409:
+                    answer.raise_for_status()
     return {"batch": {k: batch[k] for k in ("id", "created_at", "expires_at")}, "trace": trace}
 
 
