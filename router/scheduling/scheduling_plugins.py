@@ -241,11 +241,18 @@ def _kv_headroom(candidates: list[Candidate], context: PickContext) -> list[Cand
 @register_filter("spare_for_batch")
 def spare_for_batch(candidates: list[Candidate], context: PickContext) -> list[Candidate]:
     """A batch line goes to a worker prefilling nothing but batch work, where it delays
-    no interactive prompt under way (admission lets it in only while one exists); none
-    left by the time it is placed: affinity chooses among all."""
+    no interactive prompt under way (admission lets it in only while one exists), and of
+    those to one holding the least batch work: an interactive prompt that lands behind
+    batch work then waits for one worker's share of it, not for the whole batch's
+    allowance stacked on its best prefix hit. Affinity chooses among equals; none left by
+    the time the line is placed: among all."""
     if not context.yields:
         return candidates
-    return [c for c in candidates if not c.inflight.prefills_other_work] or candidates
+    spare = [c for c in candidates if not c.inflight.prefills_other_work]
+    if not spare:
+        return candidates
+    least = min(c.inflight.yielding_tokens for c in spare)
+    return [c for c in spare if c.inflight.yielding_tokens == least]
 
 
 @register_filter("ttft_budget")

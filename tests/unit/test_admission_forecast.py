@@ -89,7 +89,7 @@ class Rig:
 
 def test_a_batch_line_yields_to_waiting_or_prefilling_work_and_holds_little_of_the_queue():
     # Queue limit 1000 tokens; batch_prefill_share 0.05 of the 2 s target at 1000 tokens/s:
-    # batch lines together hold at most 100 tokens of it (one always, when none is held).
+    # batch lines together hold at most 100 tokens of it (one line per worker always may).
     rig = Rig(prefill_queue_tokens_per_worker=1000)
 
     async def scene() -> None:
@@ -117,6 +117,28 @@ def test_a_batch_line_yields_to_waiting_or_prefilling_work_and_holds_little_of_t
         full.grant.release()
         (await asyncio.wait_for(waiter, 1)).grant.release()
         (await admit(batch(), rig.pools, PromptBlocks.unknown(50))).grant.release()
+
+    asyncio.run(scene())
+
+
+def test_each_prefill_worker_may_hold_one_batch_line_however_small_the_share():
+    # Two workers, each 100 tokens of share: one 300-token line each goes at once, since
+    # the scheduler puts each on the worker with the least batch work; a third waits.
+    rig = Rig(prefill_queue_tokens_per_worker=1000)
+    pools = replace(rig.pools, prefill=[*rig.pools.prefill, worker("q", WorkerRole.PREFILL)])
+
+    async def scene() -> None:
+        line = lambda: rig.admission.admit(  # noqa: E731
+            rig.request(yields=True), pools, PromptBlocks.unknown(300)
+        )
+        first, second = await line(), await asyncio.wait_for(line(), 1)
+        third = asyncio.create_task(line())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not third.done()
+        first.grant.release()
+        (await asyncio.wait_for(third, 1)).grant.release()
+        second.grant.release()
 
     asyncio.run(scene())
 
