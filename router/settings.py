@@ -646,9 +646,9 @@ class AdmissionSettings(_Group):
     batch_prefill_share: float = Field(
         0.05, gt=0, le=1,
         description="Batch lines together hold at most this fraction of the TTFT target's "
-        "worth of prefill (at each prefill worker's rate, summed) in the engines' queue "
-        "(one line per prefill worker always may), spread over the workers (a line goes to "
-        "the one holding the least batch work). "
+        "worth of prefill (at the pool's rate) in the engines' queue (one line per prefill "
+        "worker prefilling no other work always may), spread over the workers (a line goes "
+        "to the spare one holding the least batch work). "
         "They get none while an interactive request waits, while every prefill worker is "
         "prefilling other work, or for `batch_yield_after_refusal_s` after a request "
         "refused for want of room (429 `batch_yields`: the line tries again shortly). An "

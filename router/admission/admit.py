@@ -38,9 +38,9 @@ In order, cheapest first; each refusal is OpenAI's error shape, and every 429 ca
    worker, and in time); a request waits there by priority and tenant share, and is
    dropped with a 429 if it cannot start by its deadline (arrival + its line - its own
    prefill time). Batch lines together are granted at most ``batch_prefill_share`` of
-   the TTFT target's worth of prefill at each worker's rate (one line per worker always
-   may), spread over the workers: interactive prompts arriving behind them wait little
-   for batch work. A line may wait ``batch_queue_wait_s``, and
+   the TTFT target's worth of prefill (one line per worker prefilling no other work
+   always may), spread over the workers: interactive prompts arriving behind them wait
+   little for batch work. A line may wait ``batch_queue_wait_s``, and
    carries no prefill deadline.
 The grant it returns is released once the request's prefill is done.
 """
@@ -369,18 +369,16 @@ class Admission:
     def _own_limit_tokens(self, request: PreparedRequest, first_hop: Sequence[WorkerState],
                           cost: int) -> int | None:  # fmt: skip
         """A yielding request's own queue limit: batch work in the engines' queue stays
-        within ``batch_prefill_share`` of the TTFT target's worth of prefill at each
-        first-hop worker's rate, and one line (``cost``) per worker always may. The
-        scheduler spreads it (``spare_for_batch``), so an interactive prompt arriving
-        behind it waits at most about that long, or for one line."""
+        within ``batch_prefill_share`` of the TTFT target's worth of prefill at the
+        first-hop workers' rate, and one line (``cost``) per worker prefilling no other
+        work always may. The scheduler spreads it (``spare_for_batch``), so an interactive
+        prompt arriving behind it waits at most about that long, or for one line."""
         if not request.yields:
             return None
         target_s = self._slo_s(request) * self._settings.ttft_slo_headroom
-        share = self._settings.batch_prefill_share
-        return max(1, sum(
-            max(cost, int(self._predictor.tokens_per_s(w.worker_id) * target_s * share))
-            for w in first_hop
-        ))  # fmt: skip
+        rate = sum(self._predictor.tokens_per_s(w.worker_id) for w in first_hop)
+        spare = sum(not self._load.of(w.worker_id).prefills_other_work for w in first_hop)
+        return max(1, cost * spare, int(rate * target_s * self._settings.batch_prefill_share))
 
     def _slo_s(self, request: PreparedRequest) -> float:
         """The model's TTFT SLO, or the client's if lower."""

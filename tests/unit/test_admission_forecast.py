@@ -89,7 +89,7 @@ class Rig:
 
 def test_a_batch_line_yields_to_waiting_or_prefilling_work_and_holds_little_of_the_queue():
     # Queue limit 1000 tokens; batch_prefill_share 0.05 of the 2 s target at 1000 tokens/s:
-    # batch lines together hold at most 100 tokens of it (one line per worker always may).
+    # batch lines together hold at most 100 tokens of it (one line per spare worker always may).
     rig = Rig(prefill_queue_tokens_per_worker=1000)
 
     async def scene() -> None:
@@ -121,11 +121,17 @@ def test_a_batch_line_yields_to_waiting_or_prefilling_work_and_holds_little_of_t
     asyncio.run(scene())
 
 
-def test_each_prefill_worker_may_hold_one_batch_line_however_small_the_share():
-    # Two workers, each 100 tokens of share: one 300-token line each goes at once, since
-    # the scheduler puts each on the worker with the least batch work; a third waits.
+def test_each_spare_prefill_worker_may_hold_one_batch_line_however_small_the_share():
+    # Two workers, 200 tokens of share between them: one 300-token line per worker that
+    # prefills no other work goes at once (the scheduler puts each on the spare worker
+    # with the least batch work); a third waits. With other work on one worker, one line.
     rig = Rig(prefill_queue_tokens_per_worker=1000)
     pools = replace(rig.pools, prefill=[*rig.pools.prefill, worker("q", WorkerRole.PREFILL)])
+
+    async def waits(line: asyncio.Task) -> bool:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return not line.done()
 
     async def scene() -> None:
         line = lambda: rig.admission.admit(  # noqa: E731
@@ -133,12 +139,17 @@ def test_each_prefill_worker_may_hold_one_batch_line_however_small_the_share():
         )
         first, second = await line(), await asyncio.wait_for(line(), 1)
         third = asyncio.create_task(line())
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert not third.done()
+        assert await waits(third)
         first.grant.release()
         (await asyncio.wait_for(third, 1)).grant.release()
         second.grant.release()
+        other = rig.load.begin("q", 100)  # an interactive prefill on q
+        first = await line()
+        second = asyncio.create_task(line())
+        assert await waits(second)
+        first.grant.release()
+        (await asyncio.wait_for(second, 1)).grant.release()
+        other.end()
 
     asyncio.run(scene())
 
