@@ -351,13 +351,15 @@ def plot(report: dict, path: Path) -> None:
 
     runs, summary = report["runs"], report["summary"]
     fig, (ttft, lines, late, goals) = plt.subplots(1, 4, figsize=(21, 4.8))
+    colour = {name: f"C{i}" for i, name in enumerate(summary["rows"])}  # one per run
     for name in [n for n in runs if n != "deadline"]:
         values = sorted(ttft_ms for _, ttft_ms, status in runs[name]["results"]
                         if status == 200 and ttft_ms)  # fmt: skip
         shares = [(i + 1) / len(values) for i in range(len(values))]
         row = summary["rows"][name]
-        ttft.plot(values, shares, label=f"{name}: p99 {row['ttft_p99_ms']:.0f} ms "
-                                        f"({row['ttft_p99_ratio']:.2f}x)")  # fmt: skip
+        ttft.plot(values, shares, color=colour[name],
+                  label=f"{name}: p99 {row['ttft_p99_ms']:.0f} ms "
+                        f"({row['ttft_p99_ratio']:.2f}x)")  # fmt: skip
     ttft.set(xlabel="interactive TTFT (ms, dilated)", ylabel="share of requests",
              title="Interactive TTFT with a batch beside it", ylim=(0.9, 1.001))  # fmt: skip
     ttft.legend(fontsize=8)
@@ -365,7 +367,7 @@ def plot(report: dict, path: Path) -> None:
     for name in [n for n in runs if runs[n]["batch"] and n != "deadline"]:
         trace = runs[name]["batch"]["trace"]
         row = summary["rows"][name]
-        lines.plot([p[0] for p in trace], [p[1] for p in trace],
+        lines.plot([p[0] for p in trace], [p[1] for p in trace], color=colour[name],
                    label=f"{name}: {row['batch_lines_per_s']:.2f} lines/s "
                          f"({row['room_used']:.0%} of the room)")  # fmt: skip
     room = summary["room_lines_per_s"]
@@ -384,7 +386,7 @@ def plot(report: dict, path: Path) -> None:
         xlabel="seconds", ylabel="batch lines done", title="A batch that cannot meet its window"
     )
     late.legend(fontsize=8)
-    trade_off(goals, summary["rows"])
+    trade_off(goals, summary["rows"], colour)
     fig.suptitle(f"{report['settings'].get('workload', 'shared-prefix')} workload; "
                  f"{report['machine']['cpu_model']} x{report['machine']['cores']}, "
                  f"commit {report['machine']['commit']}", fontsize=8)  # fmt: skip
@@ -392,12 +394,12 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def trade_off(ax, rows: dict) -> None:
+def trade_off(ax, rows: dict, colour: dict[str, str]) -> None:
     """Each run with a batch as a point: the room it used against its p99 / alone, with
     the goals' corner (70% or more of the room, p99 at most 1.10x)."""
     for name, row in rows.items():
         if "room_used" in row:
-            ax.scatter(row["room_used"], row["ttft_p99_ratio"])
+            ax.scatter(row["room_used"], row["ttft_p99_ratio"], color=colour[name])
             ax.annotate(name, (row["room_used"], row["ttft_p99_ratio"]), fontsize=8,
                         xytext=(4, 4), textcoords="offset points")  # fmt: skip
     ax.axvline(0.7, color="tab:green", linestyle=":")
