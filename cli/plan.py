@@ -89,9 +89,7 @@ def sweep(args: argparse.Namespace, requests: list[TraceRequest]) -> list[dict]:
     load = Load(rate_per_s=len(requests) / duration_s, prefix_hit=0.0,
                 lengths=tuple((r.input_tokens, r.output_tokens) for r in requests),
                 arrival_cv2=between_clumps_cv2, clump_sizes=clumps)  # fmt: skip
-    decode_price = args.usd_per_decode_worker_hour
-    prices = Prices(args.usd_per_worker_hour,
-                    args.usd_per_worker_hour if decode_price is None else decode_price)  # fmt: skip
+    prices = Prices.by_role(args.usd_per_worker_hour, args.usd_per_decode_worker_hour)
     cheapest = min(prices.prefill, prices.decode)
     affordable = min(args.max_workers, int(args.budget // cheapest)
                      if math.isfinite(args.budget) and cheapest > 0

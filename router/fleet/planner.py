@@ -64,9 +64,7 @@ class PlannerPolicy:
 
     @property
     def prices(self) -> Prices:
-        decode = self.usd_per_decode_worker_hour
-        return Prices(self.usd_per_worker_hour, self.usd_per_worker_hour if decode is None
-                      else decode)  # fmt: skip
+        return Prices.by_role(self.usd_per_worker_hour, self.usd_per_decode_worker_hour)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

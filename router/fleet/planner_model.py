@@ -220,6 +220,11 @@ class Prices:
     prefill: float
     decode: float
 
+    @classmethod
+    def by_role(cls, prefill: float, decode: float | None = None) -> Prices:
+        """``decode`` None: a decode worker costs what a prefill worker does."""
+        return cls(prefill, prefill if decode is None else decode)
+
     def of(self, fleet: Fleet) -> float:
         return fleet.prefill * self.prefill + fleet.decode * self.decode
 
@@ -372,7 +377,7 @@ def predict(
     else:
         after_s += speeds.decode_step_s if overflow else decode.p99_itl_s
     utilization, ttft_attainment = _prefill(fleet, load, speeds, slo, after_s, batch)
-    usd = (price if isinstance(price, Prices) else Prices(price, price)).of(fleet)
+    usd = (price if isinstance(price, Prices) else Prices.by_role(price)).of(fleet)
     tokens_per_hour = sum(x.rate_per_s * 3600 * x.tokens_per_request
                           for x in (load, batch) if x is not None)  # fmt: skip
     return Prediction(

@@ -71,8 +71,8 @@ def test_a_batch_line_goes_where_no_other_prefill_is_under_way_despite_its_prefi
     assert pick(affinity(), workers, {"a": 9, "b": 8}, loads).worker.worker_id == "a"
     line = pick(affinity(), workers, {"a": 9, "b": 8}, loads, yields=True)
     assert line.worker.worker_id == "c"  # holding no batch work, before b's hit beside one
-    idle_c = {**loads, "c": InFlight(requests=1, tokens=BLOCK, yielding_tokens=BLOCK)}
-    line = pick(affinity(), workers, {"a": 9, "b": 8}, idle_c, yields=True)
+    batch_on_c = {**loads, "c": InFlight(requests=1, tokens=BLOCK, yielding_tokens=BLOCK)}
+    line = pick(affinity(), workers, {"a": 9, "b": 8}, batch_on_c, yields=True)
     assert line.worker.worker_id == "b"  # equal batch work: the best hit left
     everywhere = {w: InFlight(requests=1, tokens=BLOCK) for w in ("a", "b", "c")}
     assert pick(affinity(), workers, {"a": 9}, everywhere, yields=True).worker.worker_id == "a"
