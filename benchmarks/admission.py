@@ -64,12 +64,14 @@ LOAD_KEY = {"Authorization": "Bearer key-load"}
 WORKLOADS = ("shared-prefix", "mooncake")
 
 
-def workload(name: str, tokenizer: ModelTokenizer, seed: int, output_len: int = 16) -> list[dict]:
+def workload(name: str, tokenizer: ModelTokenizer, seed: int, output_len: int = 16,
+             left_out: list[int] | None = None) -> list[dict]:  # fmt: skip
     """The request bodies (without ``model``) of a named interactive workload:
     ``shared-prefix``, 8 groups of 64 prompts, 1,024-token system prompts and 128-token
     questions; ``mooncake``, the production trace's first 500 requests (lengths and
-    prefix ids), lengths / 4 (prompts over 16,384 tokens after that left out, counted on
-    stderr), outputs / 32. ``output_len``: shared-prefix's output tokens."""
+    prefix ids), lengths / 4 (prompts over 16,384 tokens after that left out: their
+    lengths go to ``left_out``), outputs / 32. ``output_len``: shared-prefix's output
+    tokens."""
     if name == "shared-prefix":
         return [r.payload for r in datasets.shared_prefix_prompts(
             datasets.WordSource(tokenizer), groups=8, prompts_per_group=64, system_len=1024,
@@ -77,7 +79,8 @@ def workload(name: str, tokenizer: ModelTokenizer, seed: int, output_len: int = 
     if name == "mooncake":
         return [r.payload for r in datasets.mooncake_prompts(
             tokenizer, DEFAULT_TRACE, limit=500, speed=1.0, length_scale=4.0,
-            output_scale=32.0, max_input_tokens=16384)]  # fmt: skip
+            output_scale=32.0, max_input_tokens=16384,
+            on_dropped=None if left_out is None else left_out.append)]  # fmt: skip
     raise ValueError(f"unknown workload {name!r}: one of {WORKLOADS}")
 
 
@@ -478,8 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tokenizer = load_tokenizer(str(tiny_llama.ensure()))
-    workloads = {name: workload(name, tokenizer, args.seed) for name in WORKLOADS}
+    left_out: dict[str, list[int]] = {name: [] for name in WORKLOADS}
+    workloads = {name: workload(name, tokenizer, args.seed, left_out=left_out[name])
+                 for name in WORKLOADS}  # fmt: skip
     report: dict = {
+        # Requests of each workload left out for their length (the lengths).
+        "left_out": left_out,
         "machine": machine_record(),
         "command": "python -m benchmarks.admission " + " ".join(argv or sys.argv[1:]),
         "slo_ms": args.slo_ms,

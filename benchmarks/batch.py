@@ -290,7 +290,8 @@ def flagged(run: dict) -> dict:
 def run_parts(args: argparse.Namespace, work: Path) -> dict:
     tokenizer = load_tokenizer(str(tiny_llama.ensure()))
     words = datasets.WordSource(tokenizer)
-    interactive = workload(args.workload, tokenizer, args.seed, args.output_tokens)
+    left_out: list[int] = []  # interactive requests left out for their length
+    interactive = workload(args.workload, tokenizer, args.seed, args.output_tokens, left_out)
     lines = batch_bodies(words, args)
     profile = scaled_profile(1.0, args.time_dilation, work)
     caps = capacity(profile, work, interactive, lines, args)
@@ -309,7 +310,7 @@ def run_parts(args: argparse.Namespace, work: Path) -> dict:
     short = [item for item in schedule if item.send_at_s < args.deadline_run_s]
     runs["deadline"] = mixed("deadline", profile, work, short, "tier", lines, args,
                              window=args.window)  # fmt: skip
-    return {"capacity": caps, "offered_rps": rate, "runs": runs}
+    return {"capacity": caps, "offered_rps": rate, "runs": runs, "left_out": left_out}
 
 
 def summarise(parts: dict, args: argparse.Namespace) -> dict:
@@ -415,7 +416,9 @@ def markdown(report: dict) -> str:
         "# A batch beside interactive traffic (`benchmarks/batch.py`)", "",
         f"Interactive workload: {report['settings'].get('workload', 'shared-prefix')}; "
         f"TTFT SLO {report['settings']['slo_ms']:.0f} ms, time dilation "
-        f"{report['settings']['time_dilation']:g}x (times are dilated).", "",
+        f"{report['settings']['time_dilation']:g}x (times are dilated)"
+        + (f"; {len(report['left_out'])} of its requests left out for their length"
+           if "left_out" in report else "") + ".", "",
         f"`{report['command']}` at {report['machine']['commit']} on "
         f"{report['machine']['cpu_model']} ({report['machine']['cores']} cores).", "",
         f"Capacity (admission off): interactive {caps['interactive_rps']:.2f} requests/s, batch "

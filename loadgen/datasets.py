@@ -27,6 +27,7 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +130,19 @@ def multi_turn_prompts(
 def mooncake_prompts(
     tokenizer: ModelTokenizer, path: Path, *, limit: int, speed: float, length_scale: float,
     output_scale: float = 1.0, max_input_tokens: int | None = None,
+    on_dropped: Callable[[int], None] | None = None,
 ) -> list[BenchRequest]:  # fmt: skip
+    """``on_dropped`` hears each request left out for ``max_input_tokens`` (its length),
+    so a report can count them; they are counted on stderr too."""
     dropped: list[int] = []
+
+    def drop(tokens: int) -> None:
+        dropped.append(tokens)
+        if on_dropped is not None:
+            on_dropped(tokens)
+
     trace = read_trace(path, speed=speed, length_scale=length_scale, limit=limit,
-                       max_input_tokens=max_input_tokens, on_dropped=dropped.append)  # fmt: skip
+                       max_input_tokens=max_input_tokens, on_dropped=drop)  # fmt: skip
     if dropped:
         print(f"mooncake: left out {len(dropped)} requests over {max_input_tokens} input tokens",
               file=sys.stderr)  # fmt: skip
