@@ -93,6 +93,10 @@ async def measure_sweep(
             result = await stream_request(session, url + "/v1/completions", body)
             if not result.ok:
                 raise RuntimeError(f"calibration request failed: {result.error}")
+            if result.prompt_tokens not in (None, length):
+                # A server that adds to the prompt (a template, a BOS) times other lengths.
+                raise RuntimeError(f"calibration sent {length} prompt tokens and the server "
+                                   f"counted {result.prompt_tokens}")  # fmt: skip
             return result
 
         await one(16, 2)  # warm-up: first-request costs are not the steady state

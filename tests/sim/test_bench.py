@@ -6,18 +6,21 @@ per-request overhead plus one step, and its TPOT is one step, whatever the load.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agent.engine_spec import EngineSpec
 from contracts.tokenization import load_tokenizer
 from loadgen import report
 from loadgen.arrivals import send_times
+from loadgen.client import stream_request
 from loadgen.traces import TRACE_BLOCK_TOKENS, BlockText, read_trace
 from localrun.engine_run import running_engine
 from localrun.ports import free_ports
@@ -25,7 +28,8 @@ from localrun.sim_engine import sim_facts
 from modelstore import tiny_llama
 from sim.profile import load_profile
 
-OVERHEAD_MS, STEP_MS = 40.0, 20.0
+# A step well above this box's scheduling noise, so that "up to one step of wait" has room.
+OVERHEAD_MS, STEP_MS = 40.0, 80.0
 TRACE_HEAD = Path(__file__).parents[1] / "data/mooncake_conversation_head300.jsonl"
 
 
@@ -48,6 +52,22 @@ def known_sim(tmp_path_factory: pytest.TempPathFactory):
         yield url
 
 
+def _alone_ttft_ms(url: str, tries: int = 5) -> float:
+    """The least TTFT of one 64-token prompt at a time: the sim's idle engine starts its
+    step at once, so this is overhead + one step + the fixed costs outside the sim's clock."""
+
+    async def one_at_a_time() -> list[float]:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": tiny_llama.SERVED_NAME, "prompt": list(range(100, 164)),
+                    "max_tokens": 1}  # fmt: skip
+            results = [await stream_request(session, url + "/v1/completions", body)
+                       for _ in range(tries)]  # fmt: skip
+        assert all(r.ok for r in results), [r.error for r in results]
+        return [r.ttft_s * 1000 for r in results]
+
+    return min(asyncio.run(one_at_a_time()))
+
+
 def bench(url: str, out: Path, *extra: str) -> list[dict]:
     argv = [sys.executable, "-m", "cli.main", "bench", "--url", url,
             "--model", tiny_llama.SERVED_NAME, "--out", str(out), *extra]  # fmt: skip
@@ -63,9 +83,13 @@ def test_measured_ttft_and_tpot_are_what_the_sim_was_set_to_produce(known_sim, t
     summary = run["summary"]
     assert summary["succeeded"] == 20 and summary["errors"] == {}
     # TTFT = overhead + the rest of the step in progress when the request joins (0 to one
-    # step: other requests are decoding) + its own step, plus this box's HTTP (a few ms).
-    ttft_p50 = summary["ttft_ms"]["p50"]
-    assert OVERHEAD_MS + STEP_MS <= ttft_p50 <= OVERHEAD_MS + 2 * STEP_MS + 5
+    # step: other requests are decoding) + its own step, plus this box's HTTP and
+    # tokenizing, which is 10-15 ms here: measured alone, beside, not assumed. The 30 ms
+    # are a busy box's scheduling: with two busy loops on this 2-core box, the p50 came in
+    # 23-29 ms over the expected half step; a TTFT timed at the second token is a step over.
+    alone_ms = _alone_ttft_ms(known_sim)
+    assert alone_ms >= OVERHEAD_MS + STEP_MS
+    assert alone_ms <= summary["ttft_ms"]["p50"] <= alone_ms + STEP_MS + 30
     assert summary["tpot_ms"]["p50"] == pytest.approx(STEP_MS, rel=0.15)
     assert summary["itl_ms"]["p50"] == pytest.approx(STEP_MS, rel=0.15)
     assert all(s["output_tokens"] == 16 for s in run["samples"])
