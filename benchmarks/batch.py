@@ -15,6 +15,8 @@ x the interactive capacity, for ``--duration-s``) as tenant ``app``:
   ``/v1/batches`` (the tier with its default settings) as tenant ``jobs``;
 - **tier share S** (``--other-shares``): the tier with ``batch_prefill_share`` S, the
   knob that trades the batch's pace against interactive TTFT;
+- **tier, no take-back**: the tier with ``batch_prefill_take_back`` off: batch prefills
+  under way keep their part of the engine's steps when an interactive prompt comes;
 - **naive**: the same, plus the same lines sent by a client ``--naive-concurrency`` at a
   time straight to ``/v1/completions`` with priority ``batch`` (what a gateway that only
   caps concurrency does), each 429 retried after its Retry-After;
@@ -307,6 +309,9 @@ def run_parts(args: argparse.Namespace, work: Path) -> dict:
         runs[f"tier share {share}"] = mixed(
             f"tier-{share}", profile, work, schedule, "tier", lines, args,
             env={"PDSERVE_BATCH_PREFILL_SHARE": share})  # fmt: skip
+    runs["tier, no take-back"] = mixed(
+        "tier-no-take-back", profile, work, schedule, "tier", lines, args,
+        env={"PDSERVE_BATCH_PREFILL_TAKE_BACK": "false"})  # fmt: skip
     short = [item for item in schedule if item.send_at_s < args.deadline_run_s]
     runs["deadline"] = mixed("deadline", profile, work, short, "tier", lines, args,
                              window=args.window)  # fmt: skip

@@ -662,6 +662,14 @@ class AdmissionSettings(_Group):
         "about the time a burst takes to drain at the TTFT scale. 0: only while a "
         "request waits or every prefill worker is busy with other work.",
     )  # fmt: skip
+    batch_prefill_take_back: bool = Field(
+        True,
+        description="When a prompt that does not yield is sent to a prefill worker, the "
+        "batch lines' prefills under way there are cancelled (the engine aborts them; "
+        "their full blocks stay in its prefix cache) and go again later (429 "
+        "`batch_yields`): an engine's priority orders only what waits, and a running "
+        "prefill would keep its part of every step the prompt needs. Disaggregated pools.",
+    )  # fmt: skip
     batch_queue_wait_s: float = Field(
         30.0, gt=0, le=3600,
         description="How long a batch line may wait in the prefill queue for room; then "

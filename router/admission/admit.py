@@ -490,9 +490,10 @@ class Admission:
         ``pulled``: what each decode worker would pull of its KV (disaggregated)."""
         first_hop, predictor, now = pools.first_hop, self._predictor, self._clock()
 
+        ahead_there = {w.worker_id: self._tokens_ahead(request, pools, w) for w in first_hop}
         prefill_s = {
             w.worker_id: predictor.prefill_s(
-                w.worker_id, self._load.of(w.worker_id).tokens, uncached[w.worker_id]
+                w.worker_id, ahead_there[w.worker_id], uncached[w.worker_id]
             )
             for w in first_hop
         }
@@ -523,13 +524,20 @@ class Admission:
             uncached_tokens=own_tokens,
             # Slower than it could be: work ahead, or its fastest workers busy (one that
             # holds its prefix is queued, so an idle one without it is best).
-            queued=bool(
-                ahead or grant_wait_s or self._load.of(best.worker_id).tokens or decode_busy
-            )
+            queued=bool(ahead or grant_wait_s or ahead_there[best.worker_id] or decode_busy)
             or ttft_s > alone_s * (1 + 1e-9),
             handoff_s=handoff_s,
             crowded=not roomy,
         )
+
+    def _tokens_ahead(self, request: PreparedRequest, pools: Pools, worker: WorkerState) -> int:
+        """The prompt tokens sent to the worker that this prompt would wait for: not batch
+        lines' prefills, which a prompt that does not yield takes back when it is sent to a
+        prefill worker (``batch_prefill_take_back``; ``orchestration/take_back.py``)."""
+        there = self._load.of(worker.worker_id)
+        if request.yields or not (pools.disaggregated and self._settings.batch_prefill_take_back):
+            return there.tokens
+        return there.tokens - there.yielding_tokens
 
     def _router_queue(
         self, request: PreparedRequest, first_hop: Sequence[WorkerState], own_tokens: int,

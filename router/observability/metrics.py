@@ -553,6 +553,15 @@ class RouterMetrics:
             "Batches kept in the control state, by status (every replica sharing the state "
             "reports the same count: take the max, not the sum)", ["status"], "livemax",
         )  # fmt: skip
+        self.batch_prefills_taken_back = Counter(
+            "pdserve_batch_prefills_taken_back",
+            "Batch lines' prefills cancelled at a worker because a prompt that does not "
+            "yield was sent there (each line goes again later; its full blocks stay cached)",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self._declare_batch_progress(r)
+
+    def _declare_batch_progress(self, r: CollectorRegistry) -> None:
         # Of each batch this router runs now; a batch's series go when its run here ends.
         self.batch_lines_per_s = _process_gauge(
             r, "pdserve_batch_lines_per_second",

@@ -40,7 +40,7 @@ from fastapi.responses import Response
 from contracts.workers import WorkerRole
 from kvtransfer.handoff import PREFILL_REQUEST_PARAMS, InvalidHandoff, KVHandoff, parse_handoff
 from router.admission.ttft_predictor import PrefillMark, TTFTPredictor
-from router.errors import APIError, NoCapacity, UpstreamFailed
+from router.errors import APIError, NoCapacity, Overloaded, UpstreamFailed
 from router.fleet.registry import Pools, WorkerRegistry, WorkerState
 from router.fleet.worker_networks import WorkerNetworks
 from router.observability.metrics import RouterMetrics
@@ -57,6 +57,7 @@ from router.orchestration.kv_release import KVReleases
 from router.orchestration.migration import Continuation, Transcript, resume_mode
 from router.orchestration.relay import SSE_HEADERS, Resume, SSERelay, StreamStats, no_resume
 from router.orchestration.sse_passthrough import EngineSSEResponse
+from router.orchestration.take_back import BatchPrefillHolds, TakenBack, unless_taken_back
 from router.orchestration.usage import usage_in_answer, with_usage_requested
 from router.orchestration.worker_outcomes import WorkerOutcomes
 from router.prepare.prepare import PreparedRequest
@@ -111,6 +112,8 @@ class Orchestrator:
         self._predictor = predictor
         self._clock = clock
         self._outcomes = WorkerOutcomes(registry, metrics, clock)
+        self._take_back = settings.admission.batch_prefill_take_back
+        self._batch_prefills = BatchPrefillHolds()
         self._degraded: dict[str, WorkerRole | None] = {}  # by model: the pool left alone
         released = metrics.kv_releases.labels
         self._releases = KVReleases(
@@ -267,16 +270,14 @@ class Orchestrator:
                 self._metrics.prefill_retries.labels(request.model).inc()
             tried.append(worker.worker_id)
             self._scheduler.place(blocks, decision)
+            self._take_back_batch_prefills(request, worker, decision.uncached_tokens)
             started_s = self._clock()
             mark = self._prefill_sent(worker.worker_id)
             try:
                 with self._load.begin(worker.worker_id, decision.uncached_tokens,
                                       deadline_s=request.prefill_deadline_s,
                                       yields=request.yields):  # fmt: skip
-                    payload = await self._engines.post_json(
-                        worker.engine_url + request.path, engine_json(prefill, request, worker),
-                        timeout_s=self._timeouts.prefill_timeout_s,
-                    )  # fmt: skip
+                    payload = await self._prefill_call(request, worker, prefill)
                 handoff = _handoff_in(payload, issued_at_s=self._clock(), networks=self._networks)
             except _ATTEMPT_FAILURES as error:
                 failures.append(self._outcomes.triage(worker, error))
@@ -290,6 +291,35 @@ class Orchestrator:
             )  # fmt: skip
             return handoff
         raise UpstreamFailed("prefill failed: " + "; ".join(failures), code="prefill_failed")
+
+    async def _prefill_call(
+        self, request: PreparedRequest, worker: WorkerState, prefill: dict[str, Any]
+    ) -> Any:
+        call = self._engines.post_json(
+            worker.engine_url + request.path, engine_json(prefill, request, worker),
+            timeout_s=self._timeouts.prefill_timeout_s,
+        )  # fmt: skip
+        if not (request.yields and self._take_back):
+            return await call
+        with self._batch_prefills.hold(worker.worker_id) as taken:
+            try:
+                return await unless_taken_back(call, taken)
+            except TakenBack:
+                raise Overloaded(
+                    "an interactive prompt took this batch line's prefill worker; the line "
+                    "runs later", code="batch_yields", retry_after_s=1,
+                ) from None  # fmt: skip
+
+    def _take_back_batch_prefills(
+        self, request: PreparedRequest, worker: WorkerState, uncached_tokens: int
+    ) -> None:
+        """A prompt that does not yield, to be computed there: the batch prefills under
+        way at that worker give it their part of the engine's steps (``take_back.py``)."""
+        if request.yields or not uncached_tokens:
+            return
+        taken = self._batch_prefills.take_back(worker.worker_id)
+        if taken:
+            self._metrics.batch_prefills_taken_back.labels(request.model).inc(taken)
 
     async def _decode_phase(
         self,

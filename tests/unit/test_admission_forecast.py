@@ -374,3 +374,18 @@ def test_a_prompt_slower_than_it_could_be_because_its_prefix_holder_is_busy_is_r
     queued.end()  # p is free again: 0.5 s there
     admitted = asyncio.run(rig.admission.admit(rig.request(), pools, blocks))
     assert admitted.request.predicted_ttft_s == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("take_back", [True, False])
+def test_a_prompt_is_forecast_past_the_batch_prefills_it_takes_back(take_back):
+    # 1.5 s of batch prefill at the only prefill worker. A 300-token prompt sent there takes
+    # it back (the engine aborts it): 0.3 s. Without take-back it waits: 1.8 s.
+    rig = Rig(batch_prefill_take_back=take_back)
+    with rig.load.begin("p", 1500, yields=True):
+        admitted = rig.admit(300)
+        assert admitted.request.predicted_ttft_s == pytest.approx(0.3 if take_back else 1.8)
+        admitted.grant.release()
+        with rig.load.begin("p", 100):
+            assert rig.admit(300).request.predicted_ttft_s == pytest.approx(
+                0.4 if take_back else 1.9
+            )
