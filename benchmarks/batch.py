@@ -15,8 +15,8 @@ x the interactive capacity, for ``--duration-s``) as tenant ``app``:
   ``/v1/batches`` (the tier with its default settings) as tenant ``jobs``;
 - **tier share S** (``--other-shares``): the tier with ``batch_prefill_share`` S, the
   knob that trades the batch's pace against interactive TTFT;
-- **tier, no take-back**: the tier with ``batch_prefill_take_back`` off: batch prefills
-  under way keep their part of the engine's steps when an interactive prompt comes;
+- **tier, take-back**: the tier with ``batch_prefill_take_back`` on: batch prefills
+  under way at a worker are taken back when an interactive prompt is sent there;
 - **naive**: the same, plus the same lines sent by a client ``--naive-concurrency`` at a
   time straight to ``/v1/completions`` with priority ``batch`` (what a gateway that only
   caps concurrency does), each 429 retried after its Retry-After;
@@ -242,8 +242,10 @@ def mixed(name: str, profile: Path, work: Path, schedule: list[Scheduled], besid
     for metric, labels, value in router:
         if metric == "pdserve_admission_rejections_total":
             refusals[labels["reason"]] += value
+    taken_back = sum(value for metric, _, value in router
+                     if metric == "pdserve_batch_prefills_taken_back_total")  # fmt: skip
     out = {"interactive": interactive_summary(results), "span_s": span_s, "batch": batch,
-           "router_refusals": dict(refusals), "results": results,
+           "router_refusals": dict(refusals), "results": results, "taken_back": taken_back,
            # Each prefill sim's time in engine steps over the run, of the run's span.
            "prefill_busy": [round(b / span_s, 3) for b in busy_s]}  # fmt: skip
     print(
@@ -309,9 +311,9 @@ def run_parts(args: argparse.Namespace, work: Path) -> dict:
         runs[f"tier share {share}"] = mixed(
             f"tier-{share}", profile, work, schedule, "tier", lines, args,
             env={"PDSERVE_BATCH_PREFILL_SHARE": share})  # fmt: skip
-    runs["tier, no take-back"] = mixed(
-        "tier-no-take-back", profile, work, schedule, "tier", lines, args,
-        env={"PDSERVE_BATCH_PREFILL_TAKE_BACK": "false"})  # fmt: skip
+    runs["tier, take-back"] = mixed(
+        "tier-take-back", profile, work, schedule, "tier", lines, args,
+        env={"PDSERVE_BATCH_PREFILL_TAKE_BACK": "true"})  # fmt: skip
     short = [item for item in schedule if item.send_at_s < args.deadline_run_s]
     runs["deadline"] = mixed("deadline", profile, work, short, "tier", lines, args,
                              window=args.window)  # fmt: skip
@@ -337,7 +339,8 @@ def summarise(parts: dict, args: argparse.Namespace) -> dict:
         if run["batch"]:
             done_per_s = lines_per_s(run["batch"]["trace"], run["span_s"], args.lines)
             row |= {"batch_lines_per_s": done_per_s, "room_used": done_per_s / room,
-                    "batch_lines_done": run["batch"]["trace"][-1][1]}  # fmt: skip
+                    "batch_lines_done": run["batch"]["trace"][-1][1],
+                    "taken_back": run.get("taken_back", 0)}  # fmt: skip
         rows[name] = row
     # The same requests as the deadline run's (its schedule is the first part of alone's).
     early = runs["alone"]["results"][: len(runs["deadline"]["results"])]
@@ -432,20 +435,21 @@ def markdown(report: dict) -> str:
         f"{s['interactive_served_rps']:.2f}/s, which leaves room for "
         f"{s['room_lines_per_s']:.2f} batch lines/s.", "",
         "| run | TTFT p50 ms | TTFT p99 ms | p99 / alone | ITL p99 ms | interactive ok | refused | "
-        "prefill busy | batch lines/s | of the room |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "prefill busy | batch lines/s | of the room | prefills taken back |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, row in s["rows"].items():
         out.append(
             f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | "
             f"{row['ttft_p99_ratio']:.2f} | {row['itl_p99_ms']:.0f} | {row['interactive_ok']} | "
             f"{sum(row['interactive_refused'].values())} | {row['prefill_busy']:.0%} | "
-            f"{row.get('batch_lines_per_s', 0):.2f} | {row['room_used']:.0%} |"
+            f"{row.get('batch_lines_per_s', 0):.2f} | {row['room_used']:.0%} | "
+            f"{row.get('taken_back', 0):.0f} |"
             if "room_used" in row else
             f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | "
             f"{row['ttft_p99_ratio']:.2f} | "
             f"{row['itl_p99_ms']:.0f} | {row['interactive_ok']} | "
-            f"{sum(row['interactive_refused'].values())} | {row['prefill_busy']:.0%} | | |"
+            f"{sum(row['interactive_refused'].values())} | {row['prefill_busy']:.0%} | | | |"
         )  # fmt: skip
     met = [n for n, row in s["rows"].items()
            if row.get("room_used", 0) >= 0.7 and row["ttft_p99_ratio"] <= 1.1]  # fmt: skip

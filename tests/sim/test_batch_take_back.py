@@ -1,6 +1,7 @@
-"""A batch line's prefill gives way to an interactive prompt sent to its worker: the
-router cancels it (the engine aborts it), the interactive prompt is answered, and the
-line is sent again and answered as it is alone (``router/orchestration/take_back.py``)."""
+"""With ``batch_prefill_take_back``, a batch line's prefill gives way to an interactive
+prompt sent to its worker: the router cancels it (the engine aborts it), the interactive
+prompt is answered, and the line is sent again and answered as it is alone
+(``router/orchestration/take_back.py``)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     )  # fmt: skip
     path = folder / "slow-steps.json"
     path.write_text(json.dumps(dataclasses.asdict(profile)))
-    router_env = {"PDSERVE_TENANTS": json.dumps(TENANTS), "PDSERVE_BATCH_POLL_S": "0.2",
-                  "PDSERVE_TTFT_SLO_S": "30"}  # fmt: skip
+    router_env = {
+        "PDSERVE_TENANTS": json.dumps(TENANTS),
+        "PDSERVE_BATCH_POLL_S": "0.2",
+        "PDSERVE_TTFT_SLO_S": "30",
+        "PDSERVE_BATCH_PREFILL_TAKE_BACK": "true",  # off by default
+    }
     with small_sim_cluster(folder, sim_profile=str(path), router_env=router_env) as local:
         yield local
 
