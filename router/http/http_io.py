@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -13,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from router.cancellation import unless
 from router.errors import ClientDisconnected, InvalidRequest, RequestTooLarge
 
 M = TypeVar("M", bound=BaseModel)
@@ -42,21 +41,10 @@ async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Re
     Starlette only watches for disconnects while a response streams; before
     that, a departed client would otherwise keep a prefill running for nobody.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientDisconnected("client disconnected before the answer", code="client_gone")
-    return task.result()
+    return await unless(
+        work, _disconnected(request),
+        lambda: ClientDisconnected("client disconnected before the answer", code="client_gone"),
+    )  # fmt: skip
 
 
 async def _disconnected(request: Request) -> None:

@@ -26,6 +26,8 @@ import contextlib
 from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
+from router.cancellation import unless
+
 T = TypeVar("T")
 
 
@@ -68,18 +70,4 @@ class BatchPrefillHolds:
 async def unless_taken_back(work: Awaitable[T], taken: asyncio.Event) -> T:
     """``work``'s result; if ``taken`` is set first, ``work`` is cancelled (and awaited)
     and ``TakenBack`` raised."""
-    call = asyncio.ensure_future(work)
-    signal = asyncio.ensure_future(taken.wait())
-    try:
-        await asyncio.wait((call, signal), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        call.cancel()
-        raise
-    finally:
-        signal.cancel()
-    if call.done():
-        return call.result()
-    call.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await call
-    raise TakenBack
+    return await unless(work, taken.wait(), TakenBack)
