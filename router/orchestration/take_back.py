@@ -3,16 +3,20 @@
 An engine that schedules by priority orders only what waits: a prefill already running
 keeps its part of every step until it ends (vLLM's scheduler preempts for KV blocks,
 never for the token budget). A batch line sent to a spare prefill worker therefore
-lengthens the steps of an interactive prompt sent there after it. So when a prompt that
-does not yield is sent to a worker, the router takes back the batch prefills under way
-there: their engine calls are cancelled, which aborts them in the engine (vLLM aborts a
-request whose client left; so does the sim), and each line goes back to its batch's
-runner as a yield (429 ``batch_yields``), to be sent again when there is room. Little of
-what it computed is lost: its full blocks stay in the engine's prefix cache.
+lengthens the steps of an interactive prompt sent there after it. With
+``batch_prefill_take_back`` (off by default), when a prompt that does not yield is sent
+to a worker, the router takes back the batch prefills under way there: their engine
+calls are cancelled, which aborts them in the engine (vLLM aborts a request whose client
+left; so does the sim), and each line goes back to its batch's runner as a yield (429
+``batch_yields``), to be sent again when there is room. Its full blocks stay in the
+engine's prefix cache. It cannot shorten the step under way; with one-step batch lines
+it trades the batch's pace for interactive TTFT as a smaller ``batch_prefill_share``
+does (docs/benchmarks.md, batch lab notes, item 9).
 
 Invariants:
 - A hold is known only while its engine call is under way (``hold`` is a context
-  manager); a worker's holds are forgotten once it has none.
+  manager); a worker's holds are forgotten once it has none. So the holds are at most
+  the batch lines in flight (``batch_max_in_flight`` a batch).
 - ``take_back`` sets each hold at that worker once and forgets them; a line sent there
   after it is not taken back until another prompt comes.
 - A taken-back call is cancelled and awaited before ``TakenBack`` is raised, so its
