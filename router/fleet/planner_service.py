@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument(
+        "--start-timeout-s", type=float, default=600.0,
+        help="how long to wait at start for a router to answer /metrics; then exit 1 (a "
+        "supervisor or Kubernetes restarts it, and the restarts show)",
+    )  # fmt: skip
+    parser.add_argument(
         "--usd-per-worker-hour", type=float, default=None,
         help="default: the router's cost model (worker_cost_usd_per_hour), as it charged each "
         "pool",
@@ -259,7 +264,7 @@ async def run(args: argparse.Namespace) -> None:
     timeout = aiohttp.ClientTimeout(total=max(5.0, args.interval_s / 2))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         client = RouterClient(session, args.routers, _token(args))
-        before = await _first_scrape(client, args.interval_s)
+        before = await _first_scrape(client, args.interval_s, args.start_timeout_s)
         previous: list[Fleet] = []
         while True:
             await asyncio.sleep(args.interval_s)
@@ -269,18 +274,33 @@ async def run(args: argparse.Namespace) -> None:
                 log.warning("planning skipped this interval: %s", error)
 
 
-async def _first_scrape(client: RouterClient, interval_s: float) -> Scrape:
-    """The routers may start after the planner (a pod beside theirs): wait for them."""
+class NoRouter(RuntimeError):
+    """No router answered /metrics within ``--start-timeout-s``."""
+
+
+async def _first_scrape(client: RouterClient, interval_s: float, timeout_s: float) -> Scrape:
+    """The routers may start after the planner (a pod beside theirs): wait for them, up
+    to ``timeout_s``."""
+    deadline_s = time.monotonic() + timeout_s
     while True:
         try:
             return await client.scrape()
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                raise NoRouter(
+                    f"no router answered /metrics within {timeout_s:g} s: {error}"
+                ) from None
             log.warning("no router answers /metrics yet (%s); trying again", error)
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(min(interval_s, left_s))
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(args))
+        try:
+            asyncio.run(run(args))
+        except NoRouter as error:
+            log.error("%s", error)
+            return 1
     return 0

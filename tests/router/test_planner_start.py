@@ -43,3 +43,18 @@ def test_a_planner_started_first_waits_for_the_router_then_reads_it(tmp_path: Pa
             if process is not None:
                 process.terminate()
                 process.wait(timeout=10)
+
+
+def test_a_planner_no_router_answers_gives_up_after_its_start_timeout(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PDSERVE_")}
+    finished = subprocess.run(
+        [sys.executable, "-m", "cli.main", "planner", "--router", f"http://127.0.0.1:{port}",
+         "--model", "m", "--slo", "ttft=1,itl=0.1", "--profile", str(PROFILE),
+         "--interval-s", "0.3", "--start-timeout-s", "1"],
+        env={**env, "PDSERVE_PLANNER_TOKEN": "tok-planner"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert finished.returncode == 1
+    assert "no router answers /metrics yet" in finished.stderr  # it did try, more than once
+    assert "no router answered /metrics within 1 s" in finished.stderr
