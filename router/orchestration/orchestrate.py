@@ -315,7 +315,7 @@ class Orchestrator:
     ) -> None:
         """A prompt that does not yield, to be computed there: the batch prefills under
         way at that worker give it their part of the engine's steps (``take_back.py``)."""
-        if request.yields or not uncached_tokens:
+        if not self._take_back or request.yields or not uncached_tokens:
             return
         taken = self._batch_prefills.take_back(worker.worker_id)
         if taken:
